@@ -1,0 +1,20 @@
+#!/bin/sh
+# rl-platform container entrypoint (PID 1 is tini, which runs this; it execs the command).
+#  * HOME must be writable (Ray, matplotlib, torch and hydra write caches there). On a read-only root filesystem
+#    /home/ray is not, so HOME moves to /tmp/home (mount a tmpfs/emptyDir on /tmp). Set HOME yourself to pick
+#    another writable place.
+#  * Marks serving containers for the HEALTHCHECK (docker/healthcheck.py): a container whose command is
+#    `rlp-serve` or `serve ...` is probed on /healthz; a trainer has no HTTP endpoint and reports healthy.
+set -eu
+
+if ! { [ -d "${HOME:-/nonexistent}" ] && [ -w "${HOME}" ]; }; then
+  export HOME=/tmp/home
+fi
+mkdir -p "${HOME}" 2>/dev/null || true
+
+case "$(basename "${1:-}")" in
+  rlp-serve | serve) echo serve >/tmp/.rlp-role 2>/dev/null || true ;;
+  *) echo other >/tmp/.rlp-role 2>/dev/null || true ;;
+esac
+
+exec "$@"

@@ -1,0 +1,365 @@
+#!/usr/bin/env bash
+# Build rl-platform's container images (Dockerfile.cpu / Dockerfile.gpu) with a local Docker engine, without any
+# container registry:
+#   * starts `dockerd` when no engine answers (Debian docker.io; CI machines start with none running);
+#   * creates the base image (debian:bookworm-slim by default) with debootstrap -> `docker import` under the same
+#     tag when it is not present and cannot be pulled; the rootfs tar is cached per release/arch;
+#   * fills a host-side wheelhouse (pip wheel, once per dependency set) and serves it to the build on
+#     127.0.0.1 (`docker build --network host`), so a rebuild never downloads the ~3.5 GB of wheels again;
+#   * stages an extra CA bundle for pip inside the build (TLS-intercepting proxies) into the gitignored
+#     docker/certs/ only for builds that reach a package index, and removes it afterwards. It is used by the
+#     builder stage only and never reaches the final image.
+#
+# Usage: hack/images.sh [COMMAND] [cpu|gpu ...]
+#   build [cpu|gpu...]   build the images (default: cpu)                            (make images / images-gpu)
+#   dockerd              make sure a Docker engine answers (start dockerd if needed)
+#   base                 make sure the base image exists (pull, else debootstrap -> docker import)
+#   wheels [cpu|gpu]     fill the host wheelhouse for the image's dependency set
+#   pipcheck             prove pip inside a build reaches the index through the staged CA bundle
+#   kind-load [cpu|gpu]  load the images into a kind cluster, when kind and a cluster exist
+#   report [cpu|gpu]     print image sizes and the largest layers
+#   tag [cpu|gpu]        print the image tag (used by the tests and mk/images.mk)
+#
+# Environment (all optional):
+#   RLP_CACHE            cache root (default ~/.cache/rl-platform): base/ rootfs tars, wheels/<key>/ wheelhouses
+#   IMAGE_CPU IMAGE_GPU  tags (default: from mk/versions.mk, else rl-platform:0.1.0-{cpu,gpu})
+#   BASE_IMAGE           base image tag (default debian:bookworm-slim); created locally when missing
+#   DEBIAN_RELEASE       debootstrap suite for a locally made base (default bookworm; must give Python 3.11)
+#   DEBIAN_MIRROR        debootstrap mirror (default http://deb.debian.org/debian)
+#   TORCH_INDEX_URL      index for torch (default: PyPI, the CUDA build). For a CPU-only torch in the CPU image:
+#                        TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu (saves ~3 GB)
+#   TORCH_INDEX_URL_GPU  the same for the GPU image (default: PyPI)
+#   RLP_WHEELHOUSE       1 (default): install from the host wheelhouse; 0: pip inside the build uses the index
+#   RLP_WHEELHOUSE_PORT  loopback port the wheelhouse is served on during a build (default 38517)
+#   RLP_CA_BUNDLE        PEM bundle pip inside the build must trust (default: $PIP_CERT, else the host's
+#                        /etc/ssl/certs/ca-certificates.crt when present; "none" disables)
+#   PYTHON               Python 3.11 with pip used to fill the wheelhouse (default .venv/bin/python, else python3)
+#   DOCKER               docker client (default: docker on PATH)
+#   KIND / KIND_CLUSTER  kind binary and cluster name (default: kind on PATH or built by hack/tools.sh; "kind")
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "${ROOT}"
+
+CACHE="${RLP_CACHE:-${HOME}/.cache/rl-platform}"
+DOCKER="${DOCKER:-docker}"
+BASE_IMAGE="${BASE_IMAGE:-debian:bookworm-slim}"
+DEBIAN_RELEASE="${DEBIAN_RELEASE:-bookworm}"
+DEBIAN_MIRROR="${DEBIAN_MIRROR:-http://deb.debian.org/debian}"
+WHEELHOUSE_PORT="${RLP_WHEELHOUSE_PORT:-38517}"
+USE_WHEELHOUSE="${RLP_WHEELHOUSE:-1}"
+CERT_DIR="${ROOT}/docker/certs"
+STAGED_CA="${CERT_DIR}/extra-ca.crt"
+# The legacy builder: Debian docker.io 20.10 has no buildx, and a newer client without the buildx plugin
+# refuses BuildKit. Nothing here needs BuildKit (no secret mounts: the CA stays in a builder stage).
+export DOCKER_BUILDKIT=0
+
+log() { printf '[images] %s\n' "$*" >&2; }
+die() { printf 'images.sh: %s\n' "$*" >&2; exit 1; }
+need() { command -v "$1" >/dev/null 2>&1 || die "'$1' is required ($2)"; }
+
+mkvar() { # mkvar NAME -> value of `NAME := value` in mk/versions.mk (empty when absent)
+  [[ -f mk/versions.mk ]] || return 0
+  sed -n "s/^$1[[:space:]]*[:?]\{0,1\}=[[:space:]]*\(.*[^[:space:]]\)[[:space:]]*$/\1/p" mk/versions.mk | tail -n1
+}
+IMAGE_REPO="${IMAGE_REPO:-rl-platform}"
+VERSION="${VERSION:-0.1.0}"
+IMAGE_CPU="${IMAGE_CPU:-$(mkvar IMAGE_CPU)}"; IMAGE_CPU="${IMAGE_CPU:-${IMAGE_REPO}:${VERSION}-cpu}"
+IMAGE_GPU="${IMAGE_GPU:-$(mkvar IMAGE_GPU)}"; IMAGE_GPU="${IMAGE_GPU:-${IMAGE_REPO}:${VERSION}-gpu}"
+
+image_of() { case "$1" in cpu) echo "${IMAGE_CPU}" ;; gpu) echo "${IMAGE_GPU}" ;; *) die "unknown flavour '$1' (cpu|gpu)" ;; esac; }
+torch_index_of() { case "$1" in cpu) echo "${TORCH_INDEX_URL:-}" ;; gpu) echo "${TORCH_INDEX_URL_GPU:-}" ;; esac; }
+
+# ---------------------------------------------------------------------------------------------------- engine
+engine_ok() { timeout 20 "${DOCKER}" info >/dev/null 2>&1; }
+
+ensure_dockerd() {
+  need "${DOCKER}" "apt-get install -y docker.io"
+  engine_ok && return 0
+  need dockerd "apt-get install -y docker.io"
+  [[ "$(id -u)" == 0 ]] || die "no Docker engine answers and starting dockerd needs root"
+  mkdir -p "${CACHE}"
+  local logf="${CACHE}/dockerd.log"
+  log "no Docker engine answers: starting dockerd (log: ${logf})"
+  # A containerd left by an earlier dockerd is reused by dockerd; a stale pid file would stop it.
+  if [[ -f /var/run/docker.pid ]] && ! kill -0 "$(cat /var/run/docker.pid)" 2>/dev/null; then
+    rm -f /var/run/docker.pid
+  fi
+  setsid nohup dockerd >>"${logf}" 2>&1 </dev/null &
+  local deadline=$((SECONDS + 90))
+  until engine_ok; do
+    if ((SECONDS > deadline)); then tail -n 30 "${logf}" >&2; die "dockerd did not answer within 90 s"; fi
+    sleep 1
+  done
+  log "dockerd is up ($("${DOCKER}" version --format '{{.Server.Version}}' 2>/dev/null))"
+}
+
+# ---------------------------------------------------------------------------------------------------- base
+have_image() { "${DOCKER}" image inspect "$1" >/dev/null 2>&1; }
+
+ensure_base() {
+  ensure_dockerd
+  if have_image "${BASE_IMAGE}"; then return 0; fi
+  if [[ "${RLP_TRY_PULL:-1}" == 1 ]] && timeout 60 "${DOCKER}" pull "${BASE_IMAGE}" >/dev/null 2>&1; then
+    log "pulled ${BASE_IMAGE}"
+    return 0
+  fi
+  local arch tarball
+  arch="$(dpkg --print-architecture 2>/dev/null || echo amd64)"
+  tarball="${CACHE}/base/debian-${DEBIAN_RELEASE}-minbase-${arch}.tar"
+  if [[ ! -s "${tarball}" ]]; then
+    need debootstrap "apt-get install -y debootstrap"
+    [[ "$(id -u)" == 0 ]] || die "debootstrap needs root"
+    mkdir -p "${CACHE}/base"
+    local rootfs
+    rootfs="$(mktemp -d "${CACHE}/base/rootfs.XXXXXX")"
+    log "debootstrap ${DEBIAN_RELEASE} (minbase) from ${DEBIAN_MIRROR} -> ${tarball}"
+    local s=${SECONDS}
+    if ! debootstrap --variant=minbase --arch="${arch}" "${DEBIAN_RELEASE}" "${rootfs}" "${DEBIAN_MIRROR}" \
+      >"${CACHE}/base/debootstrap.log" 2>&1; then
+      tail -n 30 "${CACHE}/base/debootstrap.log" >&2
+      rm -rf "${rootfs}"
+      die "debootstrap failed"
+    fi
+    slim_rootfs "${rootfs}"
+    tar --numeric-owner -C "${rootfs}" -cf "${tarball}.tmp" .
+    mv "${tarball}.tmp" "${tarball}"
+    rm -rf "${rootfs}"
+    log "base rootfs made in $((SECONDS - s)) s ($(du -h "${tarball}" | cut -f1))"
+  fi
+  log "docker import ${tarball} as ${BASE_IMAGE}"
+  "${DOCKER}" import \
+    --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
+    --change 'ENV LANG=C.UTF-8' \
+    --change 'CMD ["bash"]' \
+    --message "debootstrap --variant=minbase ${DEBIAN_RELEASE} (rl-platform hack/images.sh)" \
+    "${tarball}" "${BASE_IMAGE}" >/dev/null
+}
+
+# Make a debootstrap minbase look like the official -slim images: no apt lists/caches, no docs/man/locales now
+# or in later `apt-get install`s, no recommends, sources for the release + security updates.
+slim_rootfs() {
+  local r="$1"
+  mkdir -p "${r}/etc/dpkg/dpkg.cfg.d" "${r}/etc/apt/apt.conf.d"
+  cat >"${r}/etc/dpkg/dpkg.cfg.d/docker" <<'EOF'
+path-exclude /usr/share/doc/*
+path-include /usr/share/doc/*/copyright
+path-exclude /usr/share/man/*
+path-exclude /usr/share/groff/*
+path-exclude /usr/share/info/*
+path-exclude /usr/share/lintian/*
+path-exclude /usr/share/linda/*
+path-exclude /usr/share/locale/*
+path-include /usr/share/locale/locale.alias
+EOF
+  cat >"${r}/etc/apt/apt.conf.d/docker-slim" <<'EOF'
+APT::Install-Recommends "false";
+APT::Install-Suggests "false";
+Acquire::Languages "none";
+EOF
+  if [[ "${DEBIAN_RELEASE}" == bookworm || "${DEBIAN_RELEASE}" == trixie ]]; then
+    cat >"${r}/etc/apt/sources.list" <<EOF
+deb ${DEBIAN_MIRROR} ${DEBIAN_RELEASE} main
+deb ${DEBIAN_MIRROR} ${DEBIAN_RELEASE}-updates main
+deb http://deb.debian.org/debian-security ${DEBIAN_RELEASE}-security main
+EOF
+  fi
+  find "${r}/usr/share/doc" -mindepth 1 -not -name copyright -not -type d -delete 2>/dev/null || true
+  rm -rf "${r}/usr/share/man/"* "${r}/usr/share/info/"* "${r}/var/lib/apt/lists/"* \
+    "${r}/var/cache/apt/"*.bin "${r}/var/cache/apt/archives/"*.deb "${r}/var/log/"*.log "${r}/tmp/"* 2>/dev/null || true
+  find "${r}/usr/share/locale" -mindepth 1 -maxdepth 1 -not -name locale.alias -exec rm -rf {} + 2>/dev/null || true
+}
+
+# ---------------------------------------------------------------------------------------------------- wheels
+host_python() {
+  local py="${PYTHON:-}"
+  if [[ -z "${py}" ]]; then
+    if [[ -x "${ROOT}/.venv/bin/python" ]]; then py="${ROOT}/.venv/bin/python"; else py="python3"; fi
+  fi
+  "${py}" -c 'import sys; assert sys.version_info[:2] == (3, 11), sys.version' 2>/dev/null ||
+    die "the wheelhouse needs a Python 3.11 with pip (the image's Python); set PYTHON="
+  "${py}" -m pip --version >/dev/null 2>&1 || die "${py} has no pip"
+  echo "${py}"
+}
+
+# The dependency list exactly as pyproject.toml pins it (the same script the Dockerfiles run).
+deps_file() { "$(host_python)" docker/pyproject_deps.py pyproject.toml; }
+
+wheel_key() { # wheel_key FLAVOUR -> short hash of everything that decides the wheelhouse's contents
+  {
+    deps_file
+    echo "torch-index=$(torch_index_of "$1")"
+    echo "python=3.11 platform=$(uname -m) glibc=$(ldd --version 2>/dev/null | head -n1 | awk '{print $NF}')"
+    echo "extra=setuptools>=68 wheel"
+  } | sha256sum | cut -c1-16
+}
+
+ensure_wheels() { # ensure_wheels FLAVOUR -> prints the wheelhouse dir
+  local flavour="$1" key dir py idx
+  key="$(wheel_key "${flavour}")"
+  dir="${CACHE}/wheels/${key}"
+  if [[ -f "${dir}/.complete" ]]; then echo "${dir}"; return 0; fi
+  py="$(host_python)"
+  idx="$(torch_index_of "${flavour}")"
+  mkdir -p "${CACHE}/wheels"
+  local tmp reqs s=${SECONDS}
+  tmp="$(mktemp -d "${dir}.tmp.XXXXXX")"
+  reqs="${tmp}/requirements.txt"
+  deps_file >"${reqs}"
+  log "filling wheelhouse ${dir} (pip wheel; ~3.5 GB the first time)"
+  if [[ -n "${idx}" ]]; then
+    # torch (and its own deps) from the chosen index first; everything else then resolves against it.
+    "${py}" -m pip wheel --quiet --wheel-dir "${tmp}" --index-url "${idx}" --extra-index-url https://pypi.org/simple \
+      "$(grep -E '^torch([=<>~! ]|$)' "${reqs}")" >&2
+  fi
+  "${py}" -m pip wheel --quiet --wheel-dir "${tmp}" --find-links "${tmp}" -r "${reqs}" "setuptools>=68" wheel >&2
+  rm -f "${reqs}"
+  touch "${tmp}/.complete"
+  if [[ -e "${dir}" ]]; then rm -rf "${tmp}"; else mv "${tmp}" "${dir}"; fi
+  log "wheelhouse ready in $((SECONDS - s)) s ($(du -sh "${dir}" | cut -f1), $(ls "${dir}" | wc -l) wheels)"
+  echo "${dir}"
+}
+
+SERVER_PID=""
+serve_wheels() { # serve_wheels -> serve ${CACHE}/wheels on 127.0.0.1:PORT for the build
+  local py
+  py="$(command -v python3)"
+  if (echo >"/dev/tcp/127.0.0.1/${WHEELHOUSE_PORT}") 2>/dev/null; then
+    die "port ${WHEELHOUSE_PORT} is in use (another build?); set RLP_WHEELHOUSE_PORT"
+  fi
+  "${py}" -m http.server --bind 127.0.0.1 --directory "${CACHE}/wheels" "${WHEELHOUSE_PORT}" \
+    >"${CACHE}/wheelhouse-http.log" 2>&1 &
+  SERVER_PID=$!
+  local deadline=$((SECONDS + 20))
+  until (echo >"/dev/tcp/127.0.0.1/${WHEELHOUSE_PORT}") 2>/dev/null; do
+    ((SECONDS < deadline)) || die "wheelhouse server did not start"
+    sleep 0.2
+  done
+}
+stop_wheels() { if [[ -n "${SERVER_PID}" ]]; then kill "${SERVER_PID}" 2>/dev/null || true; wait "${SERVER_PID}" 2>/dev/null || true; SERVER_PID=""; fi; }
+
+# ---------------------------------------------------------------------------------------------------- CA
+ca_source() {
+  local ca="${RLP_CA_BUNDLE:-${PIP_CERT:-}}"
+  if [[ -z "${ca}" && -r /etc/ssl/certs/ca-certificates.crt ]]; then ca=/etc/ssl/certs/ca-certificates.crt; fi
+  [[ "${ca}" == none ]] && ca=""
+  echo "${ca}"
+}
+stage_ca() {
+  local ca
+  ca="$(ca_source)"
+  [[ -n "${ca}" ]] || return 0
+  [[ -r "${ca}" ]] || die "CA bundle ${ca} is not readable"
+  install -m 0644 "${ca}" "${STAGED_CA}"
+  log "staged CA bundle ${ca} for pip in the builder stage (removed after the build)"
+}
+unstage_ca() { rm -f "${STAGED_CA}"; }
+
+cleanup() { stop_wheels; unstage_ca; }
+
+# ---------------------------------------------------------------------------------------------------- build
+build_one() { # build_one FLAVOUR
+  local flavour="$1" image dockerfile idx wh_url="" wh_dir s
+  image="$(image_of "${flavour}")"
+  dockerfile="Dockerfile.${flavour}"
+  idx="$(torch_index_of "${flavour}")"
+  local args=(--network host -f "${dockerfile}" -t "${image}" --build-arg "BASE_IMAGE=${BASE_IMAGE}"
+    --label "org.opencontainers.image.revision=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)")
+  if [[ -n "${idx}" ]]; then args+=(--build-arg "TORCH_INDEX_URL=${idx}"); fi
+  if [[ "${USE_WHEELHOUSE}" == 1 ]]; then
+    wh_dir="$(ensure_wheels "${flavour}")"
+    wh_url="http://127.0.0.1:${WHEELHOUSE_PORT}/$(basename "${wh_dir}")/"
+    args+=(--build-arg "WHEELHOUSE_URL=${wh_url}")
+    [[ -n "${SERVER_PID}" ]] || serve_wheels
+  else
+    stage_ca
+  fi
+  log "building ${image} from ${dockerfile}${wh_url:+ (wheelhouse ${wh_url})}"
+  s=${SECONDS}
+  "${DOCKER}" build "${args[@]}" . >&2
+  unstage_ca
+  log "built ${image} in $((SECONDS - s)) s: $(size_of "${image}")"
+}
+
+size_of() { "${DOCKER}" image inspect -f '{{.Size}}' "$1" | awk '{printf "%.2f GB (%d bytes)", $1/1e9, $1}'; }
+
+pipcheck() {
+  ensure_base
+  stage_ca
+  log "pipcheck: pip in the builder stage downloads from the index through the staged CA"
+  "${DOCKER}" build --network host -f Dockerfile.cpu --target pipcheck --build-arg "BASE_IMAGE=${BASE_IMAGE}" \
+    -t rl-platform-pipcheck:latest . >&2
+  unstage_ca
+}
+
+report() {
+  local f image
+  for f in "$@"; do
+    image="$(image_of "${f}")"
+    have_image "${image}" || { log "${image}: not built"; continue; }
+    echo "== ${image}: $(size_of "${image}")"
+    echo "largest layers:"
+    "${DOCKER}" history --no-trunc --format '{{.Size}}\t{{.CreatedBy}}' "${image}" |
+      awk -F'\t' '{ s=$1; v=s+0; if (s ~ /GB/) v*=1e9; else if (s ~ /MB/) v*=1e6; else if (s ~ /kB/) v*=1e3;
+                    c=$2; gsub(/^\/bin\/sh -c (#\(nop\) )?/, "", c); printf "%.0f\t%s\t%s\n", v, s, substr(c,1,110) }' |
+      sort -rn | head -n 6 | cut -f2-
+  done
+}
+
+kind_bin() {
+  if [[ -n "${KIND:-}" ]]; then echo "${KIND}"; return; fi
+  if command -v kind >/dev/null 2>&1; then command -v kind; return; fi
+  if [[ -x hack/tools.sh ]]; then
+    local k
+    k="$(hack/tools.sh env 2>/dev/null | sed -n 's/^KIND=//p')"
+    if [[ -n "${k}" && -x "${k}" ]]; then echo "${k}"; return; fi
+  fi
+}
+
+kind_load() {
+  local kind cluster="${KIND_CLUSTER:-kind}" f image
+  kind="$(kind_bin)"
+  if [[ -z "${kind}" ]]; then log "kind-load: no kind binary (hack/tools.sh kind builds one); nothing to do"; return 0; fi
+  if ! "${kind}" get clusters 2>/dev/null | grep -qx "${cluster}"; then
+    log "kind-load: no kind cluster named '${cluster}' (set KIND_CLUSTER); nothing to do"
+    return 0
+  fi
+  ensure_dockerd
+  for f in "$@"; do
+    image="$(image_of "${f}")"
+    have_image "${image}" || die "${image} is not built (make images)"
+    log "kind load docker-image ${image} --name ${cluster}"
+    "${kind}" load docker-image "${image}" --name "${cluster}"
+  done
+}
+
+# ---------------------------------------------------------------------------------------------------- main
+cmd="${1:-build}"
+[[ $# -gt 0 ]] && shift
+flavours=("$@")
+[[ ${#flavours[@]} -gt 0 ]] || flavours=(cpu)
+for f in "${flavours[@]}"; do image_of "${f}" >/dev/null; done
+
+case "${cmd}" in
+  build)
+    trap cleanup EXIT
+    # One build at a time per tree: the staged CA and the wheelhouse port are shared.
+    mkdir -p "${CACHE}"
+    exec 9>"${CACHE}/images.lock"
+    flock -w 3600 9 || die "another hack/images.sh build holds ${CACHE}/images.lock"
+    total=${SECONDS}
+    ensure_base
+    for f in "${flavours[@]}"; do build_one "${f}"; done
+    log "all done in $((SECONDS - total)) s"
+    report "${flavours[@]}"
+    ;;
+  dockerd) ensure_dockerd ;;
+  base) ensure_base ;;
+  wheels) for f in "${flavours[@]}"; do ensure_wheels "${f}"; done ;;
+  pipcheck) trap cleanup EXIT; pipcheck ;;
+  kind-load) kind_load "${flavours[@]}" ;;
+  report) ensure_dockerd; report "${flavours[@]}" ;;
+  tag) image_of "${flavours[0]}" ;;
+  -h | --help | help) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//' ;;
+  *) die "unknown command '${cmd}' (see $0 --help)" ;;
+esac

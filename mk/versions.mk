@@ -1,0 +1,31 @@
+# Single source of versions for the Kubernetes half of rl-platform.
+# Plain `NAME := value` lines only: hack/tools.sh and tests/chart read this file too.
+
+# KubeRay: the upstream kuberay-operator chart, the ray.io CRDs (ray-operator Go module)
+# and the operator binary/image all use this one version.
+KUBERAY_VERSION := 1.7.0
+# The Go module proxy reachable from this project's machines answers 403 "not available" for every
+# github.com/ray-project/kuberay/*@v1.7.0 zip (checked: v1.4.0..v1.6.2 download, v1.7.0 does not). hack/tools.sh
+# tries KUBERAY_VERSION first and only then this version for the CRD schemas and the operator binary, and says so.
+# Delete this line once v1.7.0 downloads.
+KUBERAY_CRD_FALLBACK_VERSION := 1.6.2
+RAY_VERSION := 2.58.0
+
+# Tools built from the Go module proxy into $(RLP_CACHE)/tools/<tool>-<version>/
+HELM_VERSION := 3.22.0
+KUBECONFORM_VERSION := 0.8.0
+HELM_UNITTEST_VERSION := 1.1.2
+KIND_VERSION := 0.33.0
+PROMETHEUS_OPERATOR_VERSION := 0.89.0
+# kubernetes-validate (PyPI) ships the offline Kubernetes JSON schemas used by kubeconform.
+KUBERNETES_VALIDATE_VERSION := 1.34.1
+
+# Kubernetes version the chart is rendered and validated for (helm --kube-version, kubeconform -kubernetes-version).
+KUBE_VERSION := 1.34.0
+
+# Optional monitoring stack installed by `make deploy-cluster MONITORING=1` (users' machines only).
+KUBE_PROMETHEUS_STACK_VERSION := 79.0.0
+
+# Images built by the Dockerfiles in this repo.
+IMAGE_CPU := rl-platform:0.1.0-cpu
+IMAGE_GPU := rl-platform:0.1.0-gpu

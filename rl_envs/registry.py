@@ -1,0 +1,93 @@
+"""Registry of the environments this project trains and serves."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+import gymnasium as gym
+
+
+@dataclass(frozen=True)
+class EnvSpec:
+    """How to build an env, and what a policy trained on it expects at inference time."""
+
+    name: str
+    # Builds the (preprocessed) env from an env_config mapping.
+    creator: Callable[[Mapping[str, Any]], gym.Env]
+    description: str
+    # Frames stacked by RLlib connectors (FrameStackingEnvToModule / FrameStackingLearner); 1 = none.
+    # The served RLModule sees `framestack` consecutive preprocessed observations along the last axis.
+    framestack: int = 1
+    # Default env_config merged under the user's.
+    default_config: Mapping[str, Any] = field(default_factory=dict)
+
+
+def _cartpole(cfg: Mapping[str, Any]) -> gym.Env:
+    return gym.make("CartPole-v1", **dict(cfg))
+
+
+def _pong(cfg: Mapping[str, Any]) -> gym.Env:
+    from rl_envs.atari import make_atari
+
+    return make_atari(cfg)
+
+
+def _trading(cfg: Mapping[str, Any]) -> gym.Env:
+    from rl_envs.trading import TradingEnv
+
+    return TradingEnv(dict(cfg))
+
+
+ENVS: dict[str, EnvSpec] = {
+    "cartpole": EnvSpec(
+        name="cartpole",
+        creator=_cartpole,
+        description="gymnasium CartPole-v1 (4 floats in, 2 actions)",
+    ),
+    "pong": EnvSpec(
+        name="pong",
+        creator=_pong,
+        description="ALE Pong with standard Atari preprocessing (64x64 grey, [-1,1]) and 4-frame stacking",
+        framestack=4,
+        default_config={"game": "ALE/Pong-v5", "dim": 64},
+    ),
+    "trading": EnvSpec(
+        name="trading",
+        creator=_trading,
+        description="Example custom env: a toy multi-asset trading env driven by synthetic prices",
+        default_config={"symbols": ["AAA", "BBB"], "window_size": 16, "episode_length": 200},
+    ),
+}
+
+
+def get_spec(name: str) -> EnvSpec:
+    try:
+        return ENVS[name]
+    except KeyError:
+        raise KeyError(f"unknown env {name!r}; known envs: {', '.join(sorted(ENVS))}") from None
+
+
+def merged_config(name: str, env_config: Mapping[str, Any] | None) -> dict[str, Any]:
+    cfg = dict(get_spec(name).default_config)
+    cfg.update(dict(env_config or {}))
+    return cfg
+
+
+def make_env(name: str, env_config: Mapping[str, Any] | None = None) -> gym.Env:
+    """Build the env exactly as the trainer's env runners build it."""
+    return get_spec(name).creator(merged_config(name, env_config))
+
+
+def register_with_ray(name: str) -> str:
+    """Register `name` with Ray Tune's registry under a project-prefixed id; returns the id."""
+    from ray.tune.registry import register_env
+
+    spec = get_spec(name)
+    env_id = f"rl_platform/{spec.name}"
+
+    def _creator(env_context):  # env_context is an EnvContext (a dict subclass)
+        return spec.creator(merged_config(name, dict(env_context)))
+
+    register_env(env_id, _creator)
+    return env_id

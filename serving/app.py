@@ -1,0 +1,387 @@
+"""The Ray Serve application: one ingress deployment that serves every configured policy over JSON HTTP.
+
+Why a plain `__call__(Request)` and not FastAPI: with `RAY_SERVE_THROUGHPUT_OPTIMIZED=1` the replica answers
+HTTP itself on the event loop, and a hand-rolled router keeps the request path at ~1 ms on 2 cores where a
+FastAPI ingress measured ~20% slower. The OpenAPI document is written by hand in `serving/openapi.py`.
+
+Everything a deployment needs to know comes from `user_config` (see serve_config.yaml), so a new
+checkpoint, batch size or limit is applied by `reconfigure` in the running replicas: no restart, no downtime.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import numpy as np
+from ray import serve
+from starlette.requests import Request
+from starlette.responses import Response
+
+from serving.errors import ApiError, CheckpointError, bad_request
+from serving.metrics import ServerMetrics
+from serving.policy import LoadedPolicy, ServingLimits, resolve_checkpoint
+
+logger = logging.getLogger("ray.serve")
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+_POLICY_PATH = re.compile(r"^/v1/policies/([^/]+)(/act|/act_batch|/sessions/[^/]+)?/?$")
+_JSON = "application/json"
+
+
+# ------------------------------------------------------------------------------------------------ config
+
+
+@dataclass
+class ServerConfig:
+    """The deployment's `user_config`, validated. Unknown keys are an error so typos do not pass silently."""
+
+    policies: dict[str, str]
+    max_batch_size: int = 32
+    batch_wait_timeout_s: float = 0.0
+    max_body_bytes: int = 1 << 20
+    limits: ServingLimits = field(default_factory=ServingLimits)
+
+    KEYS = ("policies", "max_batch_size", "batch_wait_timeout_s", "max_body_bytes", "max_batch_items",
+            "check_bounds", "max_sessions", "session_ttl_s")
+
+    @classmethod
+    def parse(cls, raw: Mapping[str, Any] | None) -> "ServerConfig":
+        raw = dict(raw or {})
+        unknown = sorted(set(raw) - set(cls.KEYS))
+        if unknown:
+            raise ValueError(f"user_config: unknown keys {unknown}; known: {list(cls.KEYS)}")
+        pols = raw.get("policies") or {}
+        if not isinstance(pols, Mapping) or not pols:
+            raise ValueError("user_config.policies must map a policy name to {checkpoint: <path>}")
+        policies: dict[str, str] = {}
+        for name, spec in pols.items():
+            if not _NAME_RE.match(str(name)):
+                raise ValueError(f"user_config.policies: {name!r} is not a valid policy name ([A-Za-z0-9_.-], max 64)")
+            ckpt = spec.get("checkpoint") if isinstance(spec, Mapping) else spec
+            if not isinstance(ckpt, str) or not ckpt:
+                raise ValueError(f"user_config.policies.{name}.checkpoint must be a path string")
+            policies[str(name)] = ckpt
+
+        def num(key: str, typ: type, default: Any, lo: float) -> Any:
+            v = raw.get(key, default)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or (typ is int and int(v) != v) or v < lo:
+                raise ValueError(f"user_config.{key} must be a {typ.__name__} >= {lo}, got {v!r}")
+            return typ(v)
+
+        check_bounds = raw.get("check_bounds", True)
+        if not isinstance(check_bounds, bool):
+            raise ValueError("user_config.check_bounds must be true or false")
+        return cls(
+            policies=policies,
+            max_batch_size=num("max_batch_size", int, 32, 1),
+            batch_wait_timeout_s=num("batch_wait_timeout_s", float, 0.0, 0.0),
+            max_body_bytes=num("max_body_bytes", int, 1 << 20, 1024),
+            limits=ServingLimits(
+                max_batch_items=num("max_batch_items", int, 1024, 1),
+                check_bounds=check_bounds,
+                max_sessions=num("max_sessions", int, 1024, 1),
+                session_ttl_s=num("session_ttl_s", float, 600.0, 1.0),
+            ),
+        )
+
+
+# ------------------------------------------------------------------------------------------------ helpers
+
+
+def _json_response(body: Any, status: int = 200, headers: Mapping[str, str] | None = None) -> Response:
+    return Response(
+        json.dumps(body, separators=(",", ":"), allow_nan=False).encode(), status_code=status,
+        media_type=_JSON, headers=dict(headers) if headers else None,
+    )
+
+
+class _Batcher:
+    """Per-policy dynamic batching with `serve.batch`: concurrent single-observation requests share one forward.
+
+    A queue per policy name keeps policies from being mixed; items carry the policy object they were validated
+    against, so a batch that straddles a reload still runs each observation on the matching module.
+    """
+
+    def __init__(self, name: str, metrics: ServerMetrics, max_batch_size: int, timeout_s: float):
+        self.name = name
+        self.metrics = metrics
+
+        async def run(items: list[tuple[LoadedPolicy, np.ndarray]]) -> list[Any]:
+            return self.forward(items)
+
+        self.submit = serve.batch(max_batch_size=max_batch_size, batch_wait_timeout_s=timeout_s)(run)
+
+    def configure(self, max_batch_size: int, timeout_s: float) -> None:
+        self.submit.set_max_batch_size(max_batch_size)
+        self.submit.set_batch_wait_timeout_s(timeout_s)
+
+    def forward(self, items: list[tuple[LoadedPolicy, np.ndarray]]) -> list[Any]:
+        pol = items[0][0]
+        if all(p is pol for p, _ in items):
+            return self._run(pol, np.stack([o for _, o in items]))
+        out: list[Any] = [None] * len(items)
+        groups: dict[int, list[int]] = {}
+        for i, (p, _) in enumerate(items):
+            groups.setdefault(id(p), []).append(i)
+        for idxs in groups.values():
+            p = items[idxs[0]][0]
+            for i, a in zip(idxs, self._run(p, np.stack([items[i][1] for i in idxs]))):
+                out[i] = a
+        return out
+
+    def _run(self, pol: LoadedPolicy, batch: np.ndarray) -> list[Any]:
+        t0 = time.perf_counter()
+        actions = pol.act(batch)
+        self.metrics.forward(self.name, len(batch), (time.perf_counter() - t0) * 1e3)
+        return actions
+
+
+# ------------------------------------------------------------------------------------------------ deployment
+
+
+@serve.deployment(name="PolicyServer")
+class PolicyServer:
+    def __init__(self, torch_threads: int | None = None):
+        import torch
+
+        # One replica = one CPU by default; more intra-op threads only oversubscribe a shared node.
+        threads = int(torch_threads or os.environ.get("RL_SERVE_TORCH_THREADS", "1"))
+        torch.set_num_threads(threads)
+        self._policies: dict[str, LoadedPolicy] = {}
+        self._batchers: dict[str, _Batcher] = {}
+        self._config: ServerConfig | None = None
+        self._metrics = ServerMetrics()
+        self._reload_lock = asyncio.Lock()
+        self._started = time.time()
+
+    # -------------------------------------------------------------- config / reload
+
+    async def reconfigure(self, user_config: Mapping[str, Any]) -> None:
+        """Apply a new user_config: (re)load changed checkpoints off the event loop, then swap atomically.
+
+        Requests keep being served by the old modules while new ones load. If any checkpoint fails to load,
+        nothing is swapped and the error is raised, so `serve status` shows the failed update.
+        """
+        cfg = ServerConfig.parse(user_config)
+        async with self._reload_lock:
+            new: dict[str, LoadedPolicy] = {}
+            for name, ckpt in cfg.policies.items():
+                cur = self._policies.get(name)
+                if cur is not None and not self._changed(cur, ckpt, cfg):
+                    new[name] = cur
+                    continue
+                try:
+                    pol = await asyncio.to_thread(LoadedPolicy.load, name, ckpt, cfg.limits)
+                except CheckpointError as e:
+                    self._metrics.reload(name, ok=False)
+                    logger.error("policy %r: %s", name, e)
+                    raise CheckpointError(f"policy {name!r}: {e}") from None
+                if cur is not None and cur.sessions is not None and pol.sessions is not None \
+                        and cur.frame_shape == pol.frame_shape and cur.framestack == pol.framestack:
+                    pol.sessions = cur.sessions  # an env-side stack survives a weights update
+                new[name] = pol
+            for name, pol in new.items():
+                old = self._policies.get(name)
+                if old is not pol:
+                    self._metrics.reload(name, ok=True)
+                    self._metrics.loaded(name, pol.checkpoint_id, pol.env, (old.checkpoint_id, old.env) if old else None)
+                    logger.warning(
+                        "policy %r serves checkpoint %s (%s) loaded in %.2fs",
+                        name, pol.checkpoint_id, pol.checkpoint, pol.load_seconds,
+                    )
+                b = self._batchers.get(name)
+                if b is None:
+                    self._batchers[name] = _Batcher(name, self._metrics, cfg.max_batch_size, cfg.batch_wait_timeout_s)
+                else:
+                    b.configure(cfg.max_batch_size, cfg.batch_wait_timeout_s)
+            for gone in set(self._policies) - set(new):
+                old = self._policies[gone]
+                self._metrics.loaded(gone, "-", None, (old.checkpoint_id, old.env))
+                self._batchers.pop(gone, None)
+            self._policies = new
+            self._config = cfg
+
+    @staticmethod
+    def _changed(cur: LoadedPolicy, ckpt: str, cfg: ServerConfig) -> bool:
+        if cur.limits != cfg.limits:
+            return True
+        try:
+            root, module_dir, meta = resolve_checkpoint(ckpt)
+        except CheckpointError:
+            return True  # let load() raise the readable error
+        if str(root) != cur.checkpoint:
+            return True
+        if meta is not None and meta.get("checkpoint_id"):
+            return str(meta["checkpoint_id"]) != cur.checkpoint_id
+        return True
+
+    def check_health(self) -> None:
+        if self._config is None:
+            raise RuntimeError("no user_config applied: configure user_config.policies")
+
+    # -------------------------------------------------------------- HTTP
+
+    async def __call__(self, request: Request) -> Response:
+        t0 = time.perf_counter()
+        policy, endpoint = "-", "not_found"
+        try:
+            path = request.url.path
+            root = request.scope.get("root_path") or ""
+            if root and path.startswith(root):
+                path = path[len(root):] or "/"
+            method = request.method
+            m = _POLICY_PATH.match(path)
+            if m:
+                name, sub = m.group(1), m.group(2) or ""
+                pol = self._policies.get(name)
+                endpoint = "act" if sub == "/act" else "act_batch" if sub == "/act_batch" else \
+                    "session" if sub.startswith("/sessions/") else "policy"
+                if pol is None:
+                    raise ApiError(404, "unknown_policy", f"no policy named {name!r}; serving: {sorted(self._policies)}")
+                policy = name
+                if endpoint == "act":
+                    self._allow(method, "POST")
+                    resp = await self._act(pol, await self._json_body(request))
+                elif endpoint == "act_batch":
+                    self._allow(method, "POST")
+                    resp = self._act_batch(pol, await self._json_body(request))
+                elif endpoint == "session":
+                    self._allow(method, "DELETE")
+                    sid = sub[len("/sessions/"):]
+                    ended = bool(pol.sessions and pol.sessions.end(sid))
+                    if pol.sessions is not None:
+                        self._metrics.set_sessions(name, len(pol.sessions))
+                    resp = _json_response({"session_id": sid, "ended": ended})
+                else:
+                    self._allow(method, "GET")
+                    resp = _json_response(pol.info())
+            elif path in ("/v1/policies", "/v1/policies/"):
+                endpoint = "policies"
+                self._allow(method, "GET")
+                resp = _json_response({"policies": [p.info() for p in self._policies.values()]})
+            elif path == "/healthz":
+                endpoint = "healthz"
+                self._allow(method, "GET")
+                resp = _json_response({"status": "ok", "uptime_s": round(time.time() - self._started, 3)})
+            elif path == "/readyz":
+                endpoint = "readyz"
+                self._allow(method, "GET")
+                resp = self._readyz()
+            elif path == "/openapi.json":
+                endpoint = "openapi"
+                self._allow(method, "GET")
+                from serving.openapi import openapi_document
+
+                resp = _json_response(openapi_document(sorted(self._policies)))
+            else:
+                raise ApiError(404, "not_found", f"no route {method} {path}; see GET /openapi.json")
+        except ApiError as e:
+            headers = {"Allow": e.detail["allow"]} if e.status == 405 and isinstance(e.detail, dict) else None
+            resp = _json_response(e.body(), e.status, headers)
+        except Exception:  # a bug on our side: answer 500 with JSON, log it, keep serving
+            logger.exception("policy server: unhandled error on %s %s", request.method, request.url.path)
+            resp = _json_response({"error": {"code": "internal_error", "message": "internal server error"}}, 500)
+        self._metrics.request(policy, endpoint, resp.status_code, (time.perf_counter() - t0) * 1e3)
+        return resp
+
+    @staticmethod
+    def _allow(method: str, allowed: str) -> None:
+        if method != allowed and not (allowed == "GET" and method == "HEAD"):
+            raise ApiError(405, "method_not_allowed", f"use {allowed} here, not {method}", {"allow": allowed})
+
+    async def _json_body(self, request: Request) -> dict[str, Any]:
+        limit = self._config.max_body_bytes if self._config else 1 << 20
+        cl = request.headers.get("content-length")
+        if cl is not None:
+            if not cl.isdigit():
+                raise bad_request("bad_content_length", f"Content-Length {cl!r} is not a number")
+            if int(cl) > limit:
+                raise ApiError(413, "body_too_large", f"body of {int(cl)} bytes exceeds the limit of {limit} bytes")
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise ApiError(413, "body_too_large", f"body exceeds the limit of {limit} bytes")
+            chunks.append(chunk)
+        raw = b"".join(chunks)
+        if not raw:
+            raise bad_request("empty_body", "expected a JSON object body")
+        try:
+            body = json.loads(raw)
+        except (ValueError, RecursionError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+            raise bad_request("invalid_json", f"body is not valid JSON: {str(e)[:200]}") from None
+        if not isinstance(body, dict):
+            raise bad_request("bad_body", f"expected a JSON object, got {type(body).__name__}")
+        return body
+
+    @staticmethod
+    def _fields(body: Mapping[str, Any], allowed: tuple[str, ...]) -> None:
+        unknown = sorted(set(body) - set(allowed))
+        if unknown:
+            raise bad_request("unknown_field", f"unknown field(s) {unknown}; allowed: {list(allowed)}")
+
+    async def _act(self, pol: LoadedPolicy, body: dict[str, Any]) -> Response:
+        self._fields(body, ("observation", "frame", "session_id", "reset"))
+        out: dict[str, Any] = {}
+        if "observation" in body:
+            if "frame" in body:
+                raise bad_request("ambiguous_input", "send either 'observation' or 'frame', not both")
+            obs = pol.observation(body["observation"])
+        elif "frame" in body:
+            sid = body.get("session_id")
+            if not isinstance(sid, str) or not 0 < len(sid) <= 128:
+                raise bad_request("missing_session_id", "'frame' needs a 'session_id' string (1-128 chars)")
+            reset = body.get("reset", False)
+            if not isinstance(reset, bool):
+                raise bad_request("bad_reset", "'reset' must be true or false")
+            frame = pol.frame(body["frame"])
+            assert pol.sessions is not None
+            obs, new, count = pol.sessions.push(sid, frame, reset)
+            self._metrics.set_sessions(pol.name, len(pol.sessions))
+            out["session"] = {"id": sid, "new": new, "frames": count}
+        else:
+            raise bad_request(
+                "missing_observation",
+                "body needs 'observation'" + (" or 'frame' + 'session_id'" if pol.framestack > 1 else "")
+                + f"; got fields {sorted(body)}",
+            )
+        batcher = self._batchers[pol.name]
+        if self._config is not None and self._config.max_batch_size <= 1:
+            action = batcher.forward([(pol, obs)])[0]  # batching off: skip the queue hop
+        else:
+            action = await batcher.submit((pol, obs))
+        out.update(action=action, policy=pol.name, checkpoint_id=pol.checkpoint_id)
+        return _json_response(out)
+
+    def _act_batch(self, pol: LoadedPolicy, body: dict[str, Any]) -> Response:
+        self._fields(body, ("observations",))
+        if "observations" not in body:
+            raise bad_request("missing_observations", f"body needs 'observations' (a list); got fields {sorted(body)}")
+        obs = pol.observations(body["observations"])
+        t0 = time.perf_counter()
+        actions = pol.act(obs)
+        self._metrics.forward(pol.name, len(obs), (time.perf_counter() - t0) * 1e3)
+        return _json_response({"actions": actions, "policy": pol.name, "checkpoint_id": pol.checkpoint_id})
+
+    def _readyz(self) -> Response:
+        if self._config is None or not self._policies:
+            return _json_response({"status": "not_ready", "reason": "no policy loaded"}, 503)
+        return _json_response(
+            {"status": "ready", "policies": {n: p.checkpoint_id for n, p in self._policies.items()}}
+        )
+
+
+def build_app(args: Mapping[str, Any] | None = None) -> serve.Application:
+    """Application builder for `import_path: serving.app:build_app` (args: {torch_threads: N})."""
+    args = dict(args or {})
+    return PolicyServer.bind(torch_threads=args.get("torch_threads"))
+
+
+app = PolicyServer.bind()

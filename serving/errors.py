@@ -1,0 +1,36 @@
+"""Client-facing errors: each carries the HTTP status and a machine-readable code.
+
+Everything a client can get wrong is raised as an `ApiError`; the app turns it into a JSON body
+`{"error": {"code": ..., "message": ..., "detail"?: ...}}`. Anything else is a server bug (500).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, code: str, message: str, detail: Any = None):
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.detail = detail
+
+    def body(self) -> dict[str, Any]:
+        err: dict[str, Any] = {"code": self.code, "message": self.message}
+        if self.detail is not None:
+            err["detail"] = self.detail
+        return {"error": err}
+
+
+def bad_request(code: str, message: str, detail: Any = None) -> ApiError:
+    return ApiError(400, code, message, detail)
+
+
+def unprocessable(code: str, message: str, detail: Any = None) -> ApiError:
+    return ApiError(422, code, message, detail)
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint cannot be served (missing, wrong layout, unsupported spaces). Raised at deploy/reload."""

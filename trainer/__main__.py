@@ -1,0 +1,98 @@
+"""`python -m trainer [hydra overrides]` / `rl-train`: compose hydra_conf/, build the RLlib job, train, report.
+
+The last stdout line is the run summary as one JSON object (checkpoint, episode_return_mean, env_steps, wall_s).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+_T0 = time.time()
+# Quiet, fast start: no usage-stats reporting thread, no Ray log deduplication delays in the driver.
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+
+import hydra  # noqa: E402
+from omegaconf import DictConfig, OmegaConf  # noqa: E402
+
+from trainer.config import register_configs  # noqa: E402
+from trainer.errors import TrainerError  # noqa: E402
+
+register_configs()
+
+
+def log(msg: str) -> None:
+    print(f"[trainer {time.time() - _T0:6.1f}s] {msg}", flush=True)
+
+
+def run(cfg: DictConfig) -> dict:
+    """Compose-time checks already passed (types, keys); check values, then train. Returns the summary."""
+    from trainer.validate import default_output_dir, validate
+
+    validate(cfg)
+    if cfg.output_dir is None:
+        cfg.output_dir = default_output_dir(cfg)
+
+    from trainer.resources import init_ray, set_torch_threads
+    from trainer.storage import Storage
+
+    set_torch_threads(cfg.resources.torch_threads)
+    storage = Storage.open(cfg.output_dir)
+    storage.write_bytes(OmegaConf.to_yaml(cfg, resolve=True).encode(), "config.yaml")
+    log(f"experiment {cfg.experiment}: algo={cfg.algo.name} env={cfg.env.name} tune={cfg.tune.scheduler} "
+        f"output_dir={storage.location}")
+
+    import ray
+
+    started_ray = not ray.is_initialized() and not cfg.resources.address
+    t = time.time()
+    init_ray(cfg.resources)
+    log(f"ray ready in {time.time() - t:.1f}s ({'embedded' if not cfg.resources.address else cfg.resources.address})")
+    try:
+        from trainer.algo import build_algo_config
+
+        if cfg.tune.scheduler == "none":
+            from trainer.loop import train_loop
+
+            summary = train_loop(cfg, build_algo_config(cfg), storage, log)
+        else:
+            from trainer.tuning import finish_tune, run_tune
+
+            summary = finish_tune(cfg, storage, run_tune(cfg, build_algo_config, storage, log))
+    finally:
+        if started_ray:
+            ray.shutdown()
+    summary = {
+        "experiment": cfg.experiment,
+        "checkpoint": summary.pop("checkpoint"),
+        "episode_return_mean": summary.pop("episode_return_mean"),
+        "env_steps": summary.pop("env_steps"),
+        "wall_s": round(time.time() - _T0, 2),
+        "output_dir": storage.location,
+        **summary,
+    }
+    storage.write_json(summary, "summary.json")
+    return summary
+
+
+@hydra.main(config_path="../hydra_conf", config_name="config", version_base="1.3")
+def _hydra_main(cfg: DictConfig) -> None:
+    try:
+        summary = run(cfg)
+    except TrainerError as e:
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        print("error: interrupted; rerun the same command to resume from the latest checkpoint", file=sys.stderr)
+        sys.exit(130)
+    print(json.dumps(summary), flush=True)
+
+
+def main() -> None:
+    _hydra_main()
+
+
+if __name__ == "__main__":
+    main()

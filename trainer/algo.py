@@ -1,0 +1,111 @@
+"""algo/ + env/ + resources/ config groups -> an RLlib (new API stack) AlgorithmConfig."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from rl_envs import get_spec, register_with_ray
+from trainer.config import AlgoConf, TrainConfig
+from trainer.errors import TrainerError
+from trainer.resources import placement
+
+# Fields of AlgoConf handled outside AlgorithmConfig.training(), or translated below.
+_NOT_TRAINING_KWARGS = {"name", "model"}
+
+
+def _algo_config_class(name: str):
+    # Import only the algorithm asked for: importing them all pulls in optional dependencies.
+    if name == "ppo":
+        from ray.rllib.algorithms.ppo import PPOConfig as cls
+    elif name == "appo":
+        from ray.rllib.algorithms.appo import APPOConfig as cls
+    elif name == "impala":
+        from ray.rllib.algorithms.impala import IMPALAConfig as cls
+    elif name == "dqn":
+        from ray.rllib.algorithms.dqn import DQNConfig as cls
+    else:
+        raise TrainerError(f"unknown algo {name!r}; known: ppo, appo, impala, dqn")
+    return cls
+
+
+def training_kwargs(algo: dict[str, Any]) -> dict[str, Any]:
+    """AlgoConf fields -> AlgorithmConfig.training() keyword arguments."""
+    kw = {k: v for k, v in algo.items() if k not in _NOT_TRAINING_KWARGS and v is not None}
+    if algo["name"] == "dqn":
+        kw["replay_buffer_config"] = {
+            "type": "PrioritizedEpisodeReplayBuffer",
+            "capacity": kw.pop("replay_capacity"),
+            "alpha": 0.6,
+            "beta": 0.4,
+        }
+        kw["epsilon"] = [
+            (0, kw.pop("epsilon_initial")),
+            (kw.pop("epsilon_timesteps"), kw.pop("epsilon_final")),
+        ]
+    return kw
+
+
+def model_config(model: dict[str, Any]):
+    from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
+
+    kw = dict(model)
+    if kw.get("conv_filters") is None:
+        kw.pop("conv_filters", None)
+    else:
+        kw["conv_filters"] = [tuple(f) for f in kw["conv_filters"]]
+    if not kw.get("head_fcnet_hiddens"):
+        kw.pop("head_fcnet_hiddens", None)
+    return DefaultModelConfig(**kw)
+
+
+def as_dict(node) -> dict[str, Any]:
+    if dataclasses.is_dataclass(node):
+        return dataclasses.asdict(node)
+    return OmegaConf.to_container(node, resolve=True)  # type: ignore[return-value]
+
+
+def build_algo_config(cfg: TrainConfig, algo_overrides: dict[str, Any] | None = None):
+    """The one place a Hydra config becomes an RLlib AlgorithmConfig."""
+    algo = as_dict(cfg.algo)
+    if algo_overrides:
+        algo.update(algo_overrides)
+    env = as_dict(cfg.env)
+    try:
+        spec = get_spec(env["name"])
+    except KeyError as e:
+        raise TrainerError(str(e.args[0])) from None
+    env_id = register_with_ray(spec.name)
+
+    env_runner_kw, learner_kw = placement(cfg.resources)  # type: ignore[arg-type]
+    cls = _algo_config_class(algo["name"])
+    config = (
+        cls()
+        .environment(env_id, env_config=dict(env["env_config"]))
+        .env_runners(
+            num_envs_per_env_runner=env["num_envs_per_env_runner"],
+            rollout_fragment_length=env["rollout_fragment_length"],
+            **env_runner_kw,
+        )
+        .learners(**learner_kw)
+        .training(**training_kwargs(algo))
+        .rl_module(model_config=model_config(algo["model"]))
+        .fault_tolerance(
+            restart_failed_env_runners=cfg.fault_tolerance.restart_failed_env_runners,
+            max_num_env_runner_restarts=cfg.fault_tolerance.max_num_env_runner_restarts,
+        )
+        # Report the mean of the last 20 episodes (the usual "solved" window); sample no more than one batch.
+        .reporting(metrics_num_episodes_for_smoothing=20, min_sample_timesteps_per_iteration=0)
+    )
+    if spec.framestack > 1:
+        from ray.rllib.connectors.env_to_module.frame_stacking import FrameStackingEnvToModule
+        from ray.rllib.connectors.learner.frame_stacking import FrameStackingLearner
+
+        n = spec.framestack
+        config = config.env_runners(env_to_module_connector=lambda env, spaces=None, device=None: FrameStackingEnvToModule(num_frames=n))
+        config = config.training(learner_connector=lambda obs_space, act_space: FrameStackingLearner(num_frames=n))
+    if cfg.seed is not None:
+        config = config.debugging(seed=cfg.seed)
+    return config

@@ -1,0 +1,119 @@
+"""What a run leaves behind besides checkpoints: progress CSV, TensorBoard events, learning-curve PNG, summary."""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+import os
+from typing import Any
+
+# Columns of progress.csv: one row per training iteration.
+COLUMNS = [
+    "iteration",
+    "env_steps",
+    "episode_return_mean",
+    "episodes",
+    "wall_s",
+    "iter_s",
+    "env_steps_per_s",
+]
+
+
+def row_from_result(result: dict[str, Any], wall_s: float, iter_s: float, steps_before: int) -> dict[str, Any]:
+    env = result.get("env_runners", {})
+    steps = int(result.get("num_env_steps_sampled_lifetime") or env.get("num_env_steps_sampled_lifetime") or 0)
+    ret = env.get("episode_return_mean")
+    return {
+        "iteration": int(result["training_iteration"]),
+        "env_steps": steps,
+        "episode_return_mean": float(ret) if ret is not None else math.nan,
+        "episodes": int(env.get("num_episodes_lifetime") or 0),
+        "wall_s": round(wall_s, 3),
+        "iter_s": round(iter_s, 3),
+        "env_steps_per_s": round((steps - steps_before) / iter_s, 1) if iter_s > 0 else 0.0,
+    }
+
+
+class Progress:
+    """Keeps rows in memory and mirrors them to progress.csv and TensorBoard under `local_dir`."""
+
+    def __init__(self, local_dir: str, rows: list[dict[str, Any]] | None = None):
+        self.local_dir = local_dir
+        self.rows: list[dict[str, Any]] = list(rows or [])
+        self._tb = None
+        os.makedirs(local_dir, exist_ok=True)
+
+    def _writer(self):
+        if self._tb is None:
+            from tensorboardX import SummaryWriter
+
+            self._tb = SummaryWriter(os.path.join(self.local_dir, "tb"), flush_secs=10)
+        return self._tb
+
+    def add(self, row: dict[str, Any]) -> None:
+        self.rows.append(row)
+        tb = self._writer()
+        step = row["env_steps"]
+        for key in ("episode_return_mean", "env_steps_per_s", "iter_s"):
+            value = row[key]
+            if value is not None and not (isinstance(value, float) and math.isnan(value)):
+                tb.add_scalar(f"train/{key}", value, step)
+
+    def csv_bytes(self) -> bytes:
+        buf = io.StringIO()
+        w = csv.DictWriter(buf, fieldnames=COLUMNS)
+        w.writeheader()
+        for r in self.rows:
+            w.writerow(r)
+        return buf.getvalue().encode()
+
+    def flush(self) -> None:
+        if self._tb is not None:
+            self._tb.flush()
+
+    def close(self) -> None:
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None
+
+
+def read_csv_rows(data: bytes) -> list[dict[str, Any]]:
+    rows = []
+    for r in csv.DictReader(io.StringIO(data.decode())):
+        rows.append(
+            {
+                "iteration": int(r["iteration"]),
+                "env_steps": int(r["env_steps"]),
+                "episode_return_mean": float(r["episode_return_mean"]),
+                "episodes": int(r["episodes"]),
+                "wall_s": float(r["wall_s"]),
+                "iter_s": float(r["iter_s"]),
+                "env_steps_per_s": float(r["env_steps_per_s"]),
+            }
+        )
+    return rows
+
+
+def learning_curve_png(rows: list[dict[str, Any]], title: str, target: float | None) -> bytes:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
+    xs = [r["env_steps"] for r in rows]
+    ys = [r["episode_return_mean"] for r in rows]
+    ax.plot(xs, ys, marker=".", linewidth=1.5, label="episode return (mean of last 20)")
+    if target is not None:
+        ax.axhline(target, color="tab:red", linestyle="--", linewidth=1, label=f"target {target:g}")
+    ax.set_xlabel("env steps")
+    ax.set_ylabel("episode return")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    plt.close(fig)
+    return buf.getvalue()

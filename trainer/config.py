@@ -1,0 +1,207 @@
+"""Typed schemas for the Hydra configs in `hydra_conf/`.
+
+Each config group has a dataclass schema registered in Hydra's ConfigStore, so a misspelt key or a value of the
+wrong type fails when the config is composed, naming the key, before Ray starts. Group <-> code:
+  algo/       -> trainer.algo      (RLlib AlgorithmConfig.training / rl_module)
+  env/        -> rl_envs           (env registry shared with serving)
+  resources/  -> trainer.resources (ray.init, env runners, learners, rollout/learner pools)
+  tune/       -> trainer.tuning    (Tune schedulers and search space)
+  experiment/ -> presets that pick one of each and tune the numbers
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+
+@dataclass
+class ModelConf:
+    # Dense layers of the MLP encoder (vector observations) / head after the conv stack (images).
+    fcnet_hiddens: List[int] = field(default_factory=lambda: [256, 256])
+    fcnet_activation: str = "tanh"
+    # Conv stack for image observations: [[out_channels, kernel, stride], ...]; None = RLlib's default.
+    conv_filters: Optional[List[List[int]]] = None
+    conv_activation: str = "relu"
+    head_fcnet_hiddens: List[int] = field(default_factory=list)
+    vf_share_layers: bool = False
+
+
+@dataclass
+class AlgoConf:
+    """Settings every algorithm has; the subclasses add the algorithm's own `training()` arguments."""
+
+    name: str = MISSING
+    lr: float = 3e-4
+    gamma: float = 0.99
+    # Env steps collected per training iteration (per learner update round).
+    train_batch_size: int = 4000
+    grad_clip: Optional[float] = None
+    model: ModelConf = field(default_factory=ModelConf)
+
+
+@dataclass
+class PPOConf(AlgoConf):
+    name: str = "ppo"
+    minibatch_size: int = 128
+    num_epochs: int = 10
+    lambda_: float = 0.95
+    clip_param: float = 0.2
+    vf_clip_param: float = 10.0
+    entropy_coeff: float = 0.0
+    vf_loss_coeff: float = 1.0
+    use_kl_loss: bool = False
+    kl_coeff: float = 0.2
+
+
+@dataclass
+class APPOConf(AlgoConf):
+    name: str = "appo"
+    vtrace: bool = True
+    clip_param: float = 0.4
+    entropy_coeff: float = 0.01
+    vf_loss_coeff: float = 0.5
+    use_kl_loss: bool = False
+    num_epochs: int = 1
+    minibatch_size: Optional[int] = None
+
+
+@dataclass
+class IMPALAConf(AlgoConf):
+    name: str = "impala"
+    vtrace: bool = True
+    entropy_coeff: float = 0.01
+    vf_loss_coeff: float = 0.5
+
+
+@dataclass
+class DQNConf(AlgoConf):
+    name: str = "dqn"
+    double_q: bool = True
+    dueling: bool = True
+    n_step: int = 1
+    target_network_update_freq: int = 500
+    num_steps_sampled_before_learning_starts: int = 1000
+    replay_capacity: int = 50000
+    epsilon_initial: float = 1.0
+    epsilon_final: float = 0.02
+    epsilon_timesteps: int = 10000
+
+
+@dataclass
+class EnvConf:
+    # A name from rl_envs.ENVS (cartpole, pong, trading).
+    name: str = MISSING
+    # Passed to the env creator (merged over the env's defaults), e.g. symbols/window_size for trading.
+    env_config: Dict[str, Any] = field(default_factory=dict)
+    # Vectorised sub-envs inside each env runner.
+    num_envs_per_env_runner: int = 1
+    # Env steps per env per sample call; "auto" lets RLlib derive it from the train batch size.
+    rollout_fragment_length: Any = "auto"
+
+
+@dataclass
+class ResourcesConf:
+    """Where things run. `local` = an embedded Ray in this process; `cluster` = an existing Ray (KubeRay)."""
+
+    # None: start an embedded local Ray (ray.init()). "auto" or "ray://host:10001" or "host:6379": connect.
+    address: Optional[str] = None
+    # CPUs the embedded Ray may use (None = all cores). Ignored when connecting to a cluster.
+    num_cpus: Optional[int] = None
+    # 0 = sample in the driver's own env runner (fastest to start; no actors).
+    num_env_runners: int = 0
+    num_cpus_per_env_runner: float = 1.0
+    # 0 = one local learner inside the driver process.
+    num_learners: int = 0
+    num_cpus_per_learner: float = 1.0
+    num_gpus_per_learner: float = 0.0
+    # Ray custom resources that pin env runners to the CPU rollout pool and learners to the GPU learner pool.
+    # Nodes advertise them (rayStartParams.resources in the chart); None = no isolation.
+    rollout_resource: Optional[str] = None
+    learner_resource: Optional[str] = None
+    # Torch intra-op threads per process (driver, env runners, learners). Oversubscribing 2 cores costs ~5x.
+    torch_threads: int = 1
+    # Ray's temp/session dir for the embedded Ray (None = Ray's default /tmp/ray).
+    ray_tmp_dir: Optional[str] = None
+
+
+@dataclass
+class TuneConf:
+    """A Tune experiment around the algorithm; scheduler=none runs a plain training loop instead."""
+
+    scheduler: str = "none"  # none | asha | hyperband | pbt
+    num_samples: int = 1
+    max_concurrent_trials: Optional[int] = None
+    metric: str = "env_runners/episode_return_mean"
+    mode: str = "max"
+    # Search space over algo keys, e.g. {"lr": {"loguniform": [1e-4, 1e-3]}, "gamma": {"choice": [0.98, 0.99]}}.
+    param_space: Dict[str, Any] = field(default_factory=dict)
+    # ASHA / HyperBand
+    grace_period: int = 2
+    reduction_factor: int = 2
+    max_t: int = 100
+    # PBT
+    perturbation_interval: int = 4
+    # Trial restarts on failure (Tune FailureConfig.max_failures); -1 = unlimited.
+    max_failures: int = 0
+
+
+@dataclass
+class StopConf:
+    """Training stops at whichever comes first; None disables a criterion."""
+
+    episode_return_mean: Optional[float] = None
+    env_steps: Optional[int] = None
+    wall_s: Optional[float] = None
+    iterations: Optional[int] = None
+
+
+@dataclass
+class CheckpointConf:
+    # Periodic checkpoint every N iterations (0 = only best and final).
+    every_n_iterations: int = 10
+    # Periodic checkpoints kept (best and final are kept besides).
+    keep: int = 2
+
+
+@dataclass
+class FaultToleranceConf:
+    # Restart crashed env runner actors instead of failing the run.
+    restart_failed_env_runners: bool = True
+    max_num_env_runner_restarts: int = 1000
+    # auto: resume from the latest checkpoint in output_dir if there is one; never: start fresh (refuses a
+    # non-empty output_dir); must: fail unless there is a checkpoint to resume.
+    resume: str = "auto"
+
+
+@dataclass
+class TrainConfig:
+    experiment: str = MISSING
+    algo: AlgoConf = MISSING
+    env: EnvConf = MISSING
+    resources: ResourcesConf = MISSING
+    tune: TuneConf = MISSING
+    stop: StopConf = field(default_factory=StopConf)
+    checkpoint: CheckpointConf = field(default_factory=CheckpointConf)
+    fault_tolerance: FaultToleranceConf = field(default_factory=FaultToleranceConf)
+    # A local path or a URI pyarrow understands (s3://bucket/prefix, gs://...). None = outputs/<experiment>.
+    output_dir: Optional[str] = None
+    seed: Optional[int] = None
+    # Print a progress line every N iterations.
+    log_every: int = 1
+
+
+ALGO_SCHEMAS = {"ppo": PPOConf, "appo": APPOConf, "impala": IMPALAConf, "dqn": DQNConf}
+
+
+def register_configs() -> None:
+    cs = ConfigStore.instance()
+    cs.store(name="train_schema", node=TrainConfig)
+    for name, node in ALGO_SCHEMAS.items():
+        cs.store(group="algo", name=f"{name}_schema", node=node)
+    cs.store(group="env", name="env_schema", node=EnvConf)
+    cs.store(group="resources", name="resources_schema", node=ResourcesConf)
+    cs.store(group="tune", name="tune_schema", node=TuneConf)

@@ -1,0 +1,55 @@
+"""Value checks Hydra's types cannot express; run before Ray starts so a bad config costs nothing."""
+
+from __future__ import annotations
+
+import os
+
+from trainer.config import ALGO_SCHEMAS
+from trainer.errors import TrainerError
+
+
+def validate(cfg) -> None:
+    from rl_envs import ENVS
+
+    if cfg.algo.name not in ALGO_SCHEMAS:
+        raise TrainerError(f"unknown algo.name {cfg.algo.name!r}; known: {', '.join(ALGO_SCHEMAS)}")
+    if cfg.env.name not in ENVS:
+        raise TrainerError(f"unknown env.name {cfg.env.name!r}; known: {', '.join(sorted(ENVS))}")
+    if cfg.tune.scheduler not in ("none", "asha", "hyperband", "pbt"):
+        raise TrainerError(f"unknown tune.scheduler {cfg.tune.scheduler!r}; known: none, asha, hyperband, pbt")
+    if cfg.fault_tolerance.resume not in ("auto", "never", "must"):
+        raise TrainerError(f"fault_tolerance.resume must be auto, never or must, not {cfg.fault_tolerance.resume!r}")
+    s = cfg.stop
+    if all(v is None for v in (s.episode_return_mean, s.env_steps, s.wall_s, s.iterations)):
+        raise TrainerError("no stop criterion set: give stop.episode_return_mean, stop.env_steps, stop.wall_s or stop.iterations")
+    for key in ("env_steps", "iterations", "wall_s"):
+        v = s[key]
+        if v is not None and v <= 0:
+            raise TrainerError(f"stop.{key} must be > 0, got {v}")
+    r = cfg.resources
+    for key in ("num_env_runners", "num_learners", "torch_threads"):
+        if r[key] < 0:
+            raise TrainerError(f"resources.{key} must be >= 0, got {r[key]}")
+    if r.num_gpus_per_learner > 0 and r.num_learners == 0:
+        raise TrainerError("resources.num_gpus_per_learner > 0 needs resources.num_learners >= 1 (a GPU learner actor)")
+    a = cfg.algo
+    if a.lr <= 0 or a.train_batch_size <= 0:
+        raise TrainerError("algo.lr and algo.train_batch_size must be > 0")
+    if a.name == "ppo" and a.minibatch_size > a.train_batch_size:
+        raise TrainerError(f"algo.minibatch_size ({a.minibatch_size}) > algo.train_batch_size ({a.train_batch_size})")
+    if cfg.env.num_envs_per_env_runner < 1:
+        raise TrainerError("env.num_envs_per_env_runner must be >= 1")
+    if cfg.checkpoint.every_n_iterations < 0 or cfg.checkpoint.keep < 1:
+        raise TrainerError("checkpoint.every_n_iterations must be >= 0 and checkpoint.keep >= 1")
+
+
+def default_output_dir(cfg) -> str:
+    """outputs/<experiment>[/<overrides>]: reruns with the same overrides resume the same run; sweeps don't clash."""
+    sub = ""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        sub = HydraConfig.get().job.override_dirname
+    except ValueError:
+        pass
+    return os.path.join("outputs", cfg.experiment, sub) if sub else os.path.join("outputs", cfg.experiment)

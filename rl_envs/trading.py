@@ -14,6 +14,8 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
+OBS_CLIP = 10.0
+
 
 class TradingEnv(gym.Env):
     metadata = {"render_modes": []}
@@ -31,7 +33,8 @@ class TradingEnv(gym.Env):
             raise ValueError("trading env: `window_size` and `episode_length` must be >= 1")
         n = len(self.symbols)
         obs_len = n * self.window_size + n
-        self.observation_space = spaces.Box(low=-np.inf, high=np.inf, shape=(obs_len,), dtype=np.float32)
+        # Returns are expressed in units of volatility and clipped, so the space is bounded (servers validate it).
+        self.observation_space = spaces.Box(low=-OBS_CLIP, high=OBS_CLIP, shape=(obs_len,), dtype=np.float32)
         self.action_space = spaces.MultiDiscrete([3] * n)
         self._returns: np.ndarray | None = None
         self._t = 0
@@ -54,7 +57,8 @@ class TradingEnv(gym.Env):
         assert self._returns is not None
         window = self._returns[self._t : self._t + self.window_size]  # (window, n)
         # Scale returns to unit-ish magnitude so the default MLP needs no normaliser.
-        return np.concatenate([(window / self.volatility).T.ravel(), self._position]).astype(np.float32)
+        scaled = np.clip(window / self.volatility, -OBS_CLIP, OBS_CLIP)
+        return np.concatenate([scaled.T.ravel(), self._position]).astype(np.float32)
 
     def reset(self, *, seed: int | None = None, options: dict | None = None):
         super().reset(seed=seed)

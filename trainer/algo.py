@@ -105,7 +105,7 @@ def build_algo_config(cfg: TrainConfig, algo_overrides: dict[str, Any] | None = 
 
         n = spec.framestack
         config = config.env_runners(env_to_module_connector=lambda env, spaces=None, device=None: FrameStackingEnvToModule(num_frames=n))
-        config = config.training(learner_connector=lambda obs_space, act_space: FrameStackingLearner(num_frames=n))
+        config = config.learners(learner_connector=lambda obs_space, act_space: FrameStackingLearner(num_frames=n))
     if cfg.seed is not None:
         config = config.debugging(seed=cfg.seed)
     return config

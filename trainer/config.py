@@ -154,7 +154,7 @@ class StopConf:
     """Training stops at whichever comes first; None disables a criterion."""
 
     episode_return_mean: Optional[float] = None
-    env_steps: Optional[int] = None
+    env_steps: Optional[int] = 1_000_000
     wall_s: Optional[float] = None
     iterations: Optional[int] = None
 
@@ -179,7 +179,8 @@ class FaultToleranceConf:
 
 @dataclass
 class TrainConfig:
-    experiment: str = MISSING
+    # Name of the run (experiment presets set it); without a preset (`~experiment`) it is <env>_<algo>.
+    experiment: str = "${env.name}_${algo.name}"
     algo: AlgoConf = MISSING
     env: EnvConf = MISSING
     resources: ResourcesConf = MISSING

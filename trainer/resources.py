@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 from typing import Any
 
 from trainer.config import ResourcesConf
@@ -36,11 +37,27 @@ def ray_init_kwargs(res: ResourcesConf) -> dict[str, Any]:
     return kwargs
 
 
+def check_reachable(address: str, timeout_s: float = 5.0) -> None:
+    """Fail fast with one line: Ray's own client retries an unreachable GCS for minutes."""
+    if address in ("auto", "local"):
+        return
+    hostport = address.split("://", 1)[-1].rstrip("/")
+    host, sep, port = hostport.rpartition(":")
+    if not sep or not port.isdigit():
+        raise TrainerError(f"resources.address {address!r} is not 'auto', 'host:port' or 'ray://host:port'")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as e:
+        raise TrainerError(f"cannot reach Ray at {address!r}: {e.strerror or e}") from None
+
+
 def init_ray(res: ResourcesConf) -> None:
     import ray
 
     if ray.is_initialized():
         return
+    if res.address:
+        check_reachable(res.address)
     kwargs = ray_init_kwargs(res)
     try:
         ray.init(**kwargs)

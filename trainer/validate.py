@@ -2,14 +2,33 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
+
+from omegaconf import DictConfig, OmegaConf
 
 from trainer.config import ALGO_SCHEMAS
 from trainer.errors import TrainerError
 
 
+def _check_known_keys(node, path: str) -> None:
+    """`+key=value` bypasses Hydra's struct check; reject keys the schema does not declare."""
+    schema = OmegaConf.get_type(node)
+    if not dataclasses.is_dataclass(schema):
+        return
+    fields = {f.name: f for f in dataclasses.fields(schema)}
+    for key in node.keys():
+        if key not in fields:
+            raise TrainerError(f"unknown key {path}{key} (not in {schema.__name__}; known: {', '.join(fields)})")
+        child = node._get_node(key)
+        if isinstance(child, DictConfig) and dataclasses.is_dataclass(OmegaConf.get_type(child)):
+            _check_known_keys(child, f"{path}{key}.")
+
+
 def validate(cfg) -> None:
     from rl_envs import ENVS
+
+    _check_known_keys(cfg, "")
 
     if cfg.algo.name not in ALGO_SCHEMAS:
         raise TrainerError(f"unknown algo.name {cfg.algo.name!r}; known: {', '.join(ALGO_SCHEMAS)}")

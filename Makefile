@@ -1,0 +1,43 @@
+# rl-platform: train RLlib policies on Ray locally or on KubeRay, serve them with Ray Serve.
+# `make help` lists the targets. Area fragments live in mk/*.mk (k8s, images, serve).
+
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+PY := $(VENV)/bin/python
+# Extra pytest arguments, e.g. `make test PYTEST_ARGS="-m 'not docker'"`.
+PYTEST_ARGS ?=
+# Hydra overrides for `make train`, e.g. `make train ARGS="experiment=pong_ppo stop.iterations=2"`.
+ARGS ?=
+# Targets the full test suite needs first (fragments append, e.g. the chart tools).
+TEST_PREREQS :=
+
+-include mk/*.mk
+
+.PHONY: help venv train test test-fast clean
+
+help: ## List the targets
+	@grep -hE '^[a-zA-Z0-9_.-]+:.*?## ' $(MAKEFILE_LIST) | sort -u | \
+	  awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-18s\033[0m %s\n", $$1, $$2}'
+
+$(VENV)/.installed: pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip setuptools wheel
+	$(PY) -m pip install --quiet -e '.[dev]'
+	@touch $@
+
+venv: $(VENV)/.installed ## Create .venv and install the project with its pinned dependencies
+
+train: venv ## Train the default experiment (CartPole PPO, embedded Ray) and print the checkpoint path
+	$(PY) -m trainer $(ARGS)
+
+test: venv $(TEST_PREREQS) ## Run every test suite (unit, local Ray, serving, chart, containers)
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-fast: venv ## Unit tests only (seconds; no Ray cluster, no Docker)
+	$(PY) -m pytest -m "not slow and not cluster and not docker and not serve and not chart" $(PYTEST_ARGS)
+
+clean: ## Remove local training outputs and caches (keeps .venv)
+	rm -rf outputs multirun .pytest_cache

@@ -1,0 +1,51 @@
+"""Helpers for tests that run the real trainer entry point (`python -m trainer`) as a user would."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def short_tmp(prefix: str = "rlp") -> str:
+    """Ray's unix sockets live under its temp dir; pytest's tmp_path can exceed the 107-byte socket path limit."""
+    return tempfile.mkdtemp(prefix=prefix, dir="/tmp")
+
+
+def trainer_cmd(*overrides: str) -> list[str]:
+    return [sys.executable, "-m", "trainer", *overrides]
+
+
+def trainer_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.pop("RAY_ADDRESS", None)  # never attach to somebody else's cluster by accident
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def run_trainer(*overrides: str, timeout: float = 600, check: bool = True) -> subprocess.CompletedProcess:
+    """Run the trainer to completion with its own Ray temp dir; returns the completed process."""
+    args = list(overrides)
+    if not any(a.startswith("resources.ray_tmp_dir=") for a in args) and not any(
+        a.startswith("resources.address=") for a in args
+    ):
+        args.append(f"resources.ray_tmp_dir={short_tmp()}")
+    proc = subprocess.run(
+        trainer_cmd(*args), cwd=REPO, env=trainer_env(), capture_output=True, text=True, timeout=timeout
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(
+            f"trainer exited {proc.returncode}\n--- stdout ---\n{proc.stdout[-4000:]}\n--- stderr ---\n{proc.stderr[-4000:]}"
+        )
+    return proc
+
+
+def summary_of(proc: subprocess.CompletedProcess) -> dict:
+    """The trainer's contract: its last stdout line is the run summary as one JSON object."""
+    last = proc.stdout.strip().splitlines()[-1]
+    return json.loads(last)

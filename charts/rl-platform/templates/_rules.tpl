@@ -21,7 +21,7 @@ from .Values.monitoring.rules. `tests/chart` runs `promtool check rules` and `pr
       labels:
         severity: warning
       annotations:
-        summary: Ray Serve answers more than {{ mul $r.serveErrorRatio 100 }}% of HTTP requests with errors.
+        summary: Ray Serve answers more than {{ mulf $r.serveErrorRatio 100 | printf "%g" }}% of HTTP requests with errors.
         description: '{{ "{{ $labels.namespace }}/{{ $labels.ray_io_cluster }}" }}: error ratio {{ "{{ $value | humanizePercentage }}" }} over 5m.'
     - alert: RayServeHighLatency
       expr: rl_platform:serve_latency_ms:p99_5m > {{ $r.serveLatencyP99Ms }}
@@ -39,7 +39,7 @@ from .Values.monitoring.rules. `tests/chart` runs `promtool check rules` and `pr
       labels:
         severity: warning
       annotations:
-        summary: A served RL policy fails more than {{ mul $r.policyErrorRatio 100 }}% of its requests.
+        summary: A served RL policy fails more than {{ mulf $r.policyErrorRatio 100 | printf "%g" }}% of its requests.
         description: 'Policy {{ "{{ $labels.policy }}" }} in {{ "{{ $labels.namespace }}/{{ $labels.ray_io_cluster }}" }}: {{ "{{ $value | humanizePercentage }}" }} errors.'
 - name: rl-platform.training
   rules:
@@ -64,7 +64,7 @@ from .Values.monitoring.rules. `tests/chart` runs `promtool check rules` and `pr
       labels:
         severity: warning
       annotations:
-        summary: A Ray node uses more than {{ mul $r.nodeMemoryRatio 100 }}% of its memory.
+        summary: A Ray node uses more than {{ mulf $r.nodeMemoryRatio 100 | printf "%g" }}% of its memory.
         description: '{{ "{{ $labels.pod }}" }} uses {{ "{{ $value | humanizePercentage }}" }} of its memory; the OOM killer is next.'
     - alert: RayHeadDown
       expr: up{ray_io_node_type="head"} == 0

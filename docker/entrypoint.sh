@@ -4,7 +4,8 @@
 #    /home/ray is not, so HOME moves to /tmp/home (mount a tmpfs/emptyDir on /tmp). Set HOME yourself to pick
 #    another writable place.
 #  * Marks serving containers for the HEALTHCHECK (docker/healthcheck.py): a container whose command is
-#    `rlp-serve` or `serve ...` is probed on /healthz; a trainer has no HTTP endpoint and reports healthy.
+#    `rlp-serve`, `python -m serving` or `serve ...` is probed on /healthz; a trainer has no HTTP endpoint
+#    and reports healthy.
 set -eu
 
 if ! { [ -d "${HOME:-/nonexistent}" ] && [ -w "${HOME}" ]; }; then
@@ -12,9 +13,11 @@ if ! { [ -d "${HOME:-/nonexistent}" ] && [ -w "${HOME}" ]; }; then
 fi
 mkdir -p "${HOME}" 2>/dev/null || true
 
+role=other
 case "$(basename "${1:-}")" in
-  rlp-serve | serve) echo serve >/tmp/.rlp-role 2>/dev/null || true ;;
-  *) echo other >/tmp/.rlp-role 2>/dev/null || true ;;
+  rlp-serve | serve) role=serve ;;
+  python | python3 | python3.11) [ "${2:-}" = -m ] && [ "${3:-}" = serving ] && role=serve ;;
 esac
+echo "${role}" >/tmp/.rlp-role 2>/dev/null || true
 
 exec "$@"

@@ -5,7 +5,7 @@
 #   * creates the base image (debian:bookworm-slim by default) with debootstrap -> `docker import` under the same
 #     tag when it is not present and cannot be pulled; the rootfs tar is cached per release/arch;
 #   * fills a host-side wheelhouse (pip wheel, once per dependency set) and serves it to the build on
-#     127.0.0.1 (`docker build --network host`), so a rebuild never downloads the ~3.5 GB of wheels again;
+#     127.0.0.1 (`docker build --network host`), so a rebuild never downloads the ~2.9 GB of wheels again;
 #   * stages an extra CA bundle for pip inside the build (TLS-intercepting proxies) into the gitignored
 #     docker/certs/ only for builds that reach a package index, and removes it afterwards. It is used by the
 #     builder stage only and never reaches the final image.
@@ -16,7 +16,8 @@
 #   base                 make sure the base image exists (pull, else debootstrap -> docker import)
 #   wheels [cpu|gpu]     fill the host wheelhouse for the image's dependency set
 #   pipcheck             prove pip inside a build reaches the index through the staged CA bundle
-#   kind-load [cpu|gpu]  load the images into a kind cluster, when kind and a cluster exist
+#   kind-load [cpu|gpu]  load the images into a kind cluster, when kind and a cluster exist (default: the CPU
+#                        image, and the GPU image when it is built)
 #   report [cpu|gpu]     print image sizes and the largest layers
 #   tag [cpu|gpu]        print the image tag (used by the tests and mk/images.mk)
 #
@@ -27,7 +28,7 @@
 #   DEBIAN_RELEASE       debootstrap suite for a locally made base (default bookworm; must give Python 3.11)
 #   DEBIAN_MIRROR        debootstrap mirror (default http://deb.debian.org/debian)
 #   TORCH_INDEX_URL      index for torch (default: PyPI, the CUDA build). For a CPU-only torch in the CPU image:
-#                        TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu (saves ~3 GB)
+#                        TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu (~2.5 GB smaller)
 #   TORCH_INDEX_URL_GPU  the same for the GPU image (default: PyPI)
 #   RLP_WHEELHOUSE       1 (default): install from the host wheelhouse; 0: pip inside the build uses the index
 #   RLP_WHEELHOUSE_PORT  loopback port the wheelhouse is served on during a build (default 38517)
@@ -35,7 +36,8 @@
 #                        /etc/ssl/certs/ca-certificates.crt when present; "none" disables)
 #   PYTHON               Python 3.11 with pip used to fill the wheelhouse (default .venv/bin/python, else python3)
 #   DOCKER               docker client (default: docker on PATH)
-#   KIND / KIND_CLUSTER  kind binary and cluster name (default: kind on PATH or built by hack/tools.sh; "kind")
+#   KIND / KIND_CLUSTER  kind binary and cluster name (default: kind on PATH or built by hack/tools.sh;
+#                        "rl-platform", the cluster `make deploy-cluster` creates)
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -48,6 +50,7 @@ DEBIAN_RELEASE="${DEBIAN_RELEASE:-bookworm}"
 DEBIAN_MIRROR="${DEBIAN_MIRROR:-http://deb.debian.org/debian}"
 WHEELHOUSE_PORT="${RLP_WHEELHOUSE_PORT:-38517}"
 USE_WHEELHOUSE="${RLP_WHEELHOUSE:-1}"
+PIPCHECK_IMAGE="${PIPCHECK_IMAGE:-rl-platform-pipcheck:latest}"
 CERT_DIR="${ROOT}/docker/certs"
 STAGED_CA="${CERT_DIR}/extra-ca.crt"
 # The legacy builder: Debian docker.io 20.10 has no buildx, and a newer client without the buildx plugin
@@ -73,7 +76,36 @@ torch_index_of() { case "$1" in cpu) echo "${TORCH_INDEX_URL:-}" ;; gpu) echo "$
 # ---------------------------------------------------------------------------------------------------- engine
 engine_ok() { timeout 20 "${DOCKER}" info >/dev/null 2>&1; }
 
+# A fresh machine has neither the engine nor debootstrap: install Debian's (root only).
+ensure_packages() {
+  local missing=()
+  command -v dockerd >/dev/null 2>&1 || missing+=(docker.io)
+  command -v "${DOCKER}" >/dev/null 2>&1 || missing+=(docker.io)
+  command -v debootstrap >/dev/null 2>&1 || missing+=(debootstrap)
+  ((${#missing[@]})) || return 0
+  [[ "$(id -u)" == 0 ]] || die "missing ${missing[*]}: apt-get install -y ${missing[*]} (needs root)"
+  log "installing ${missing[*]} (apt)"
+  apt-get update -qq >&2
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
+}
+
+is_proc() { # is_proc PID NAME: a live (not zombie) process NAME
+  [[ -n "$1" && -r "/proc/$1/stat" ]] || return 1
+  [[ "$(awk '{print $3}' "/proc/$1/stat" 2>/dev/null)" != Z ]] || return 1
+  [[ "$(cat "/proc/$1/comm" 2>/dev/null)" == "$2" ]]
+}
+
+wait_engine() { # wait_engine DOCKERD_PID LOG: until the engine answers (0), dockerd exits or 90 s pass (1)
+  local deadline=$((SECONDS + 90))
+  until engine_ok; do
+    is_proc "$1" dockerd || return 1
+    ((SECONDS < deadline)) || return 1
+    sleep 1
+  done
+}
+
 ensure_dockerd() {
+  if ! engine_ok; then ensure_packages; fi
   need "${DOCKER}" "apt-get install -y docker.io"
   engine_ok && return 0
   need dockerd "apt-get install -y docker.io"
@@ -81,15 +113,27 @@ ensure_dockerd() {
   mkdir -p "${CACHE}"
   local logf="${CACHE}/dockerd.log"
   log "no Docker engine answers: starting dockerd (log: ${logf})"
-  # A containerd left by an earlier dockerd is reused by dockerd; a stale pid file would stop it.
-  if [[ -f /var/run/docker.pid ]] && ! kill -0 "$(cat /var/run/docker.pid)" 2>/dev/null; then
-    rm -f /var/run/docker.pid
+  # A dockerd that is alive but not answering yet (starting up): wait for it rather than start a second one.
+  # Pid files of dead (zombie, recycled) processes make a new dockerd refuse to start or wait for a containerd
+  # that is gone: remove them. One retry covers processes of a killed engine that were still exiting.
+  local pid="" try
+  [[ -r /var/run/docker.pid ]] && pid="$(cat /var/run/docker.pid 2>/dev/null || true)"
+  if [[ -n "${pid}" ]] && is_proc "${pid}" dockerd; then
+    log "dockerd (pid ${pid}) is running but does not answer yet; waiting"
+    wait_engine "${pid}" "${logf}" && return 0
+    die "dockerd (pid ${pid}) does not answer (log: ${logf})"
   fi
-  setsid nohup dockerd >>"${logf}" 2>&1 </dev/null &
-  local deadline=$((SECONDS + 90))
-  until engine_ok; do
-    if ((SECONDS > deadline)); then tail -n 30 "${logf}" >&2; die "dockerd did not answer within 90 s"; fi
-    sleep 1
+  for try in 1 2; do
+    rm -f /var/run/docker.pid
+    local cpid="/var/run/docker/containerd/containerd.pid"
+    if [[ -r "${cpid}" ]] && ! is_proc "$(cat "${cpid}" 2>/dev/null)" containerd; then rm -f "${cpid}"; fi
+    setsid nohup dockerd >>"${logf}" 2>&1 </dev/null 9>&- &
+    pid=$!
+    wait_engine "${pid}" "${logf}" && break
+    ((try < 2)) || { tail -n 30 "${logf}" >&2; die "dockerd did not start (log: ${logf})"; }
+    log "dockerd did not start; retrying once"
+    kill "${pid}" 2>/dev/null || true
+    sleep 3
   done
   log "dockerd is up ($("${DOCKER}" version --format '{{.Server.Version}}' 2>/dev/null))"
 }
@@ -202,11 +246,12 @@ ensure_wheels() { # ensure_wheels FLAVOUR -> prints the wheelhouse dir
   py="$(host_python)"
   idx="$(torch_index_of "${flavour}")"
   mkdir -p "${CACHE}/wheels"
+  rm -rf "${dir}".tmp.* # left by an interrupted fill (fills run under the lock, one at a time)
   local tmp reqs s=${SECONDS}
   tmp="$(mktemp -d "${dir}.tmp.XXXXXX")"
   reqs="${tmp}/requirements.txt"
   deps_file >"${reqs}"
-  log "filling wheelhouse ${dir} (pip wheel; ~3.5 GB the first time)"
+  log "filling wheelhouse ${dir} (pip wheel; ~2.9 GB the first time)"
   if [[ -n "${idx}" ]]; then
     # torch (and its own deps) from the chosen index first; everything else then resolves against it.
     "${py}" -m pip wheel --quiet --wheel-dir "${tmp}" --index-url "${idx}" --extra-index-url https://pypi.org/simple \
@@ -276,20 +321,36 @@ build_one() { # build_one FLAVOUR
   fi
   log "building ${image} from ${dockerfile}${wh_url:+ (wheelhouse ${wh_url})}"
   s=${SECONDS}
-  "${DOCKER}" build "${args[@]}" . >&2
+  mkdir -p "${CACHE}/logs"
+  local blog="${CACHE}/logs/build-${flavour}.log"
+  # Every line goes to stderr and to the log.
+  set +e
+  "${DOCKER}" build --force-rm "${args[@]}" . 2>&1 | tee "${blog}" >&2
+  local rc=${PIPESTATUS[0]}
+  set -e
   unstage_ca
+  ((rc == 0)) || die "docker build of ${image} failed (exit ${rc}); log: ${blog}"
   log "built ${image} in $((SECONDS - s)) s: $(size_of "${image}")"
+  # The image this tag named before is now dangling: drop it (only final images carry this label; the
+  # dependency stages stay in the build cache).
+  "${DOCKER}" image prune -f --filter "label=ai.rl-platform.flavour=${flavour}" >/dev/null 2>&1 || true
 }
 
-size_of() { "${DOCKER}" image inspect -f '{{.Size}}' "$1" | awk '{printf "%.2f GB (%d bytes)", $1/1e9, $1}'; }
+size_of() { "${DOCKER}" image inspect -f '{{.Size}}' "$1" | awk '{printf "%.2f GB (%.0f bytes)", $1/1e9, $1}'; }
 
 pipcheck() {
   ensure_base
   stage_ca
-  log "pipcheck: pip in the builder stage downloads from the index through the staged CA"
-  "${DOCKER}" build --network host -f Dockerfile.cpu --target pipcheck --build-arg "BASE_IMAGE=${BASE_IMAGE}" \
-    -t rl-platform-pipcheck:latest . >&2
+  log "pipcheck: pip in a builder stage downloads from the index through the staged CA"
+  # A fresh nonce: the download must really happen now, not come from the build cache.
+  set +e
+  "${DOCKER}" build --force-rm --network host -f docker/pipcheck.Dockerfile --build-arg "BASE_IMAGE=${BASE_IMAGE}" \
+    --build-arg "PIPCHECK_NONCE=$(date +%s%N)" -t "${PIPCHECK_IMAGE}" . >&2
+  local rc=$?
+  set -e
   unstage_ca
+  ((rc == 0)) || die "pipcheck: pip inside the build could not download from the index (exit ${rc})"
+  log "pipcheck: ok (${PIPCHECK_IMAGE})"
 }
 
 report() {
@@ -301,7 +362,7 @@ report() {
     echo "largest layers:"
     "${DOCKER}" history --no-trunc --format '{{.Size}}\t{{.CreatedBy}}' "${image}" |
       awk -F'\t' '{ s=$1; v=s+0; if (s ~ /GB/) v*=1e9; else if (s ~ /MB/) v*=1e6; else if (s ~ /kB/) v*=1e3;
-                    c=$2; gsub(/^\/bin\/sh -c (#\(nop\) )?/, "", c); printf "%.0f\t%s\t%s\n", v, s, substr(c,1,110) }' |
+                    c=$2; gsub(/^\/bin\/sh -c (#\(nop\) )?/, "", c); if (c == "") c = "(base image layer)"; printf "%.0f\t%s\t%s\n", v, s, substr(c,1,110) }' |
       sort -rn | head -n 6 | cut -f2-
   done
 }
@@ -317,7 +378,7 @@ kind_bin() {
 }
 
 kind_load() {
-  local kind cluster="${KIND_CLUSTER:-kind}" f image
+  local kind cluster="${KIND_CLUSTER:-rl-platform}" f image
   kind="$(kind_bin)"
   if [[ -z "${kind}" ]]; then log "kind-load: no kind binary (hack/tools.sh kind builds one); nothing to do"; return 0; fi
   if ! "${kind}" get clusters 2>/dev/null | grep -qx "${cluster}"; then
@@ -325,41 +386,64 @@ kind_load() {
     return 0
   fi
   ensure_dockerd
+  local auto=0
+  if [[ $# -eq 0 ]]; then auto=1; set -- cpu gpu; fi
   for f in "$@"; do
     image="$(image_of "${f}")"
-    have_image "${image}" || die "${image} is not built (make images)"
+    if ! have_image "${image}"; then
+      if ((auto)) && [[ "${f}" == gpu ]]; then log "kind-load: ${image} not built (make images-gpu); skipped"; continue; fi
+      die "${image} is not built (make images)"
+    fi
     log "kind load docker-image ${image} --name ${cluster}"
     "${kind}" load docker-image "${image}" --name "${cluster}"
   done
 }
 
-# ---------------------------------------------------------------------------------------------------- main
-cmd="${1:-build}"
-[[ $# -gt 0 ]] && shift
-flavours=("$@")
-[[ ${#flavours[@]} -gt 0 ]] || flavours=(cpu)
-for f in "${flavours[@]}"; do image_of "${f}" >/dev/null; done
+# One build at a time per machine: the staged CA (docker/certs/) and the wheelhouse port are shared.
+lock() {
+  mkdir -p "${CACHE}"
+  exec 9>"${CACHE}/images.lock"
+  flock -w 3600 9 || die "another hack/images.sh build holds ${CACHE}/images.lock"
+}
 
-case "${cmd}" in
-  build)
-    trap cleanup EXIT
-    # One build at a time per tree: the staged CA and the wheelhouse port are shared.
-    mkdir -p "${CACHE}"
-    exec 9>"${CACHE}/images.lock"
-    flock -w 3600 9 || die "another hack/images.sh build holds ${CACHE}/images.lock"
-    total=${SECONDS}
-    ensure_base
-    for f in "${flavours[@]}"; do build_one "${f}"; done
-    log "all done in $((SECONDS - total)) s"
-    report "${flavours[@]}"
-    ;;
-  dockerd) ensure_dockerd ;;
-  base) ensure_base ;;
-  wheels) for f in "${flavours[@]}"; do ensure_wheels "${f}"; done ;;
-  pipcheck) trap cleanup EXIT; pipcheck ;;
-  kind-load) kind_load "${flavours[@]}" ;;
-  report) ensure_dockerd; report "${flavours[@]}" ;;
-  tag) image_of "${flavours[0]}" ;;
-  -h | --help | help) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//' ;;
-  *) die "unknown command '${cmd}' (see $0 --help)" ;;
-esac
+# ---------------------------------------------------------------------------------------------------- main
+# All of it inside a function: bash parses it whole before running, so editing this file while a build runs
+# cannot derail that build.
+main() {
+  local cmd="${1:-build}" f wpid total explicit
+  [[ $# -gt 0 ]] && shift
+  local flavours=("$@")
+  explicit=${#flavours[@]}
+  [[ ${#flavours[@]} -gt 0 ]] || flavours=(cpu)
+  for f in "${flavours[@]}"; do image_of "${f}" >/dev/null; done
+
+  case "${cmd}" in
+    build)
+      trap cleanup EXIT
+      lock
+      total=${SECONDS}
+      # The wheelhouse (network: pip) and the base image (network: debootstrap) are independent: fill in parallel.
+      wpid=""
+      if [[ "${USE_WHEELHOUSE}" == 1 ]]; then
+        ( for f in "${flavours[@]}"; do ensure_wheels "${f}" >/dev/null; done ) &
+        wpid=$!
+      fi
+      ensure_base
+      if [[ -n "${wpid}" ]]; then wait "${wpid}" || die "filling the wheelhouse failed"; fi
+      for f in "${flavours[@]}"; do build_one "${f}"; done
+      log "all done in $((SECONDS - total)) s"
+      report "${flavours[@]}"
+      ;;
+    dockerd) ensure_dockerd ;;
+    base) ensure_base ;;
+    wheels) lock; for f in "${flavours[@]}"; do ensure_wheels "${f}"; done ;;
+    pipcheck) trap cleanup EXIT; lock; pipcheck ;;
+    kind-load) if ((explicit)); then kind_load "${flavours[@]}"; else kind_load; fi ;;
+    report) ensure_dockerd; report "${flavours[@]}" ;;
+    tag) image_of "${flavours[0]}" ;;
+    -h | --help | help) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//' ;;
+    *) die "unknown command '${cmd}' (see $0 --help)" ;;
+  esac
+}
+
+main "$@"

@@ -88,10 +88,17 @@ def derived_checkpoint_id(root: Path, module_dir: Path) -> str:
 
 def _compact_bound(a: np.ndarray) -> Any:
     """Box bounds for JSON: a scalar when uniform, null for +-inf (JSON has no infinity)."""
-    flat = np.asarray(a, dtype=np.float64).ravel()
+    arr = np.asarray(a)
+    flat = arr.astype(np.float64).ravel()
+    f32 = arr.dtype == np.float32
 
     def one(v: float) -> Any:
-        return None if not math.isfinite(v) else (int(v) if float(v).is_integer() else float(v))
+        if not math.isfinite(v):
+            return None
+        if float(v).is_integer():
+            return int(v)
+        # float32 bounds print as their shortest float32 repr (4.8, not 4.800000190734863).
+        return float(np.format_float_positional(np.float32(v), unique=True)) if f32 else float(v)
 
     if flat.size and np.all(flat == flat[0]):
         return one(float(flat[0]))
@@ -189,7 +196,7 @@ class FrameStacks:
         self.frame_shape = frame_shape
         self.max_sessions = max_sessions
         self.ttl_s = ttl_s
-        self._stacks: OrderedDict[str, tuple[deque, float]] = OrderedDict()
+        self._stacks: OrderedDict[str, tuple[deque, float, int]] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._stacks)
@@ -201,17 +208,13 @@ class FrameStacks:
         entry = self._stacks.pop(session_id, None)
         new = entry is None or reset
         if new:
-            stack: deque = deque(
-                [np.zeros(self.frame_shape, np.float32)] * self.num_frames, maxlen=self.num_frames
-            )
+            stack: deque = deque([np.zeros(self.frame_shape, np.float32)] * self.num_frames, maxlen=self.num_frames)
             count = 0
         else:
-            stack = entry[0]
-            count = getattr(stack, "_count", 0)
+            stack, _, count = entry
         stack.append(frame)
         count += 1
-        stack._count = count  # type: ignore[attr-defined]
-        self._stacks[session_id] = (stack, now)
+        self._stacks[session_id] = (stack, now, count)
         while len(self._stacks) > self.max_sessions:
             self._stacks.popitem(last=False)
         return np.concatenate(list(stack), axis=-1), new, count
@@ -221,7 +224,7 @@ class FrameStacks:
 
     def _expire(self, now: float) -> None:
         while self._stacks:
-            sid, (_, seen) = next(iter(self._stacks.items()))
+            sid, (_, seen, _) = next(iter(self._stacks.items()))
             if now - seen <= self.ttl_s:
                 break
             del self._stacks[sid]
@@ -309,8 +312,50 @@ class LoadedPolicy:
             limits=limits or ServingLimits(),
         )
         pol._prepare()
+        pol._prepare_inference()
         pol.load_seconds = time.perf_counter() - t0
         return pol
+
+    def _prepare_inference(self) -> None:
+        """Pick the fastest exact path to the action logits.
+
+        `forward_inference` re-runs `eval()` over every submodule on each call, and the learner's module also
+        carries the value-function encoder, which inference never needs. Env runners solve this with an
+        inference-only twin of the module; so do we (built from the module's own ctor args and
+        `get_state(inference_only=True)`), verified to give identical logits on sampled observations, else
+        the full module is used. Together ~3x less time per forward for the default PPO MLP.
+        """
+        import torch
+
+        m = self.module
+        self.inference_module = m
+        self._forward = m.forward_inference
+        if not isinstance(m, torch.nn.Module) or not hasattr(m, "_forward_inference"):
+            return
+        m.eval()  # once; forward_inference would do it per call
+        self._forward = m._forward_inference
+        if getattr(m, "inference_only", False):
+            return
+        try:
+            args, kwargs = m.get_ctor_args_and_kwargs()
+            twin = type(m)(*args, **{**kwargs, "inference_only": True})
+            twin.set_state(m.get_state(inference_only=True))
+            twin.eval()
+            rng = np.random.default_rng(0)
+            space = self.observation_space
+            low = np.nan_to_num(np.broadcast_to(space.low, space.shape).astype(np.float64), neginf=-3.0, posinf=3.0)
+            high = np.nan_to_num(np.broadcast_to(space.high, space.shape).astype(np.float64), neginf=-3.0, posinf=3.0)
+            probe = torch.from_numpy(rng.uniform(low, high, size=(16,) + space.shape).astype(space.dtype))
+            with torch.inference_mode():
+                ref = m.forward_inference({"obs": probe})["action_dist_inputs"]
+                got = twin._forward_inference({"obs": probe})["action_dist_inputs"]
+            if ref.shape == got.shape and torch.allclose(ref, got, rtol=0, atol=1e-6):
+                self.inference_module = twin
+                self._forward = twin._forward_inference
+            else:
+                logger.warning("policy %r: inference-only module disagrees with the full module; using the full one", self.name)
+        except Exception as e:  # any module type without a usable inference-only form
+            logger.info("policy %r: no inference-only twin (%s: %s); using the full module", self.name, type(e).__name__, e)
 
     def _prepare(self) -> None:
         from gymnasium import spaces
@@ -476,7 +521,7 @@ class LoadedPolicy:
         import torch
 
         with torch.inference_mode():
-            out = self.module.forward_inference({"obs": torch.from_numpy(np.ascontiguousarray(batch))})
+            out = self._forward({"obs": torch.from_numpy(np.ascontiguousarray(batch))})
         return out["action_dist_inputs"].numpy()
 
     def actions_from_logits(self, logits: np.ndarray) -> list[Any]:

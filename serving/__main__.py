@@ -1,0 +1,99 @@
+"""`python -m serving`: serve policies from checkpoints on an embedded Ray (what `make serve` runs).
+
+Examples:
+  python -m serving --checkpoint outputs/cartpole_ppo/checkpoints/final
+  python -m serving --policy cartpole=outputs/cartpole_ppo/checkpoints/final --policy pong=outputs/pong_ppo/checkpoints/final
+Send SIGHUP to re-read the config and checkpoints (a zero-downtime reload); Ctrl-C stops.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import threading
+import time
+
+from serving import launch
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m serving", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", default=str(launch.DEFAULT_CONFIG), help="Serve config (default: %(default)s)")
+    p.add_argument("--checkpoint", help="checkpoint of the config's first policy (overrides the config)")
+    p.add_argument("--policy", action="append", default=[], metavar="NAME=CHECKPOINT",
+                   help="serve these policies instead of the config's (repeatable)")
+    p.add_argument("--host", default="127.0.0.1", help="bind address (default: %(default)s)")
+    p.add_argument("--port", type=int, default=8000, help="HTTP port clients use (default: %(default)s)")
+    p.add_argument("--proxy-port", type=int, default=None, help="classic Serve proxy port in direct mode (default: port+500)")
+    p.add_argument("--ingress", choices=launch.INGRESS_MODES, default="direct", help="(default: %(default)s)")
+    p.add_argument("--num-replicas", type=int, default=None)
+    p.add_argument("--max-batch-size", type=int, default=None, help="override user_config.max_batch_size")
+    p.add_argument("--metrics-port", type=int, default=8080, help="Ray metrics export port (default: %(default)s)")
+    p.add_argument("--temp-dir", default=None, help="Ray temp dir (default: Ray's)")
+    p.add_argument("--address", default=None, help="connect to this Ray cluster instead of starting one")
+    p.add_argument("--num-cpus", type=int, default=None)
+    p.add_argument("--ready-timeout", type=float, default=180.0)
+    return p.parse_args(argv)
+
+
+def _config(args: argparse.Namespace, revision: str | None = None) -> dict:
+    policies = {}
+    for item in args.policy:
+        name, sep, path = item.partition("=")
+        if not sep or not name or not path:
+            raise launch.LaunchError(f"--policy expects NAME=CHECKPOINT, got {item!r}")
+        policies[name] = path
+    uc = {} if args.max_batch_size is None else {"max_batch_size": args.max_batch_size}
+    if revision:
+        uc["revision"] = revision  # a SIGHUP always re-reads checkpoints, even at unchanged paths
+    return launch.with_overrides(launch.load_config(args.config), checkpoint=args.checkpoint,
+                                 policies=policies or None, user_config=uc, num_replicas=args.num_replicas)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        cfg = _config(args)
+    except launch.LaunchError as e:
+        launch.print_err(str(e))
+        return 2
+    stop, reload = threading.Event(), threading.Event()
+    try:
+        base = launch.start(cfg, host=args.host, port=args.port, proxy_port=args.proxy_port, ingress=args.ingress,
+                            metrics_port=args.metrics_port, temp_dir=args.temp_dir, address=args.address,
+                            num_cpus=args.num_cpus, ready_timeout_s=args.ready_timeout)
+        # Installed after ray.init, which sets its own handlers.
+        signal.signal(signal.SIGINT, lambda *_: stop.set())
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+        signal.signal(signal.SIGHUP, lambda *_: reload.set())
+        pols = launch.policy_deployment(cfg)["user_config"]["policies"]
+        first = next(iter(pols))
+        print(f"serving {', '.join(pols)} at {base}  (metrics: http://127.0.0.1:{args.metrics_port}/metrics)", flush=True)
+        print(f"  curl -s {base}/v1/policies/{first}/act -H 'Content-Type: application/json' "
+              f"-d '{{\"observation\": [0.0, 0.0, 0.0, 0.0]}}'", flush=True)
+        print(json.dumps({"event": "ready", "url": base, "policies": list(pols)}), flush=True)
+        while not stop.wait(0.5):
+            if reload.is_set():
+                reload.clear()
+                try:
+                    cfg = _config(args, revision=f"sighup-{time.time():.3f}")
+                    launch.deploy(cfg, base_url=base)
+                    print(json.dumps({"event": "reloaded", "url": base}), flush=True)
+                except launch.LaunchError as e:
+                    launch.print_err(f"reload failed, still serving the previous checkpoint: {e}")
+                    print(json.dumps({"event": "reload_failed", "error": str(e)}), flush=True)
+        return 0
+    except launch.LaunchError as e:
+        launch.print_err(str(e))
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        launch.shutdown()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

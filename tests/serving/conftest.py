@@ -1,0 +1,171 @@
+"""Fixtures for the policy-server tests: real checkpoints and one real `python -m serving` process.
+
+The CartPole checkpoint comes from the real trainer (`python -m trainer output_dir=... stop.iterations=1`),
+so the suite exercises trainer -> checkpoint -> serving. Trading (MultiDiscrete) and Pong (frame-stacked)
+use untrained RLModules with the envs' served spaces (seconds instead of minutes of Atari training).
+The server runs as a subprocess with its own Ray temp dir and ports, configured through a copy of
+serving/serve_config.yaml, and is stopped (SIGINT) at the end of the session.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from make_checkpoint import make_module_checkpoint  # noqa: E402
+
+from serving import launch  # noqa: E402
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def subprocess_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.pop("RAY_ADDRESS", None)
+    env["PYTHONUNBUFFERED"] = "1"
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    return env
+
+
+@pytest.fixture(scope="session")
+def serving_workdir():
+    d = Path(tempfile.mkdtemp(prefix="rlsv", dir="/tmp"))  # short: Ray's unix socket paths live under it
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def cartpole_checkpoint(serving_workdir) -> str:
+    """trainer -> checkpoint: one PPO iteration through the real entry point."""
+    out = serving_workdir / "train_cartpole"
+    cmd = [sys.executable, "-m", "trainer", f"output_dir={out}", "stop.iterations=1",
+           f"resources.ray_tmp_dir={serving_workdir / 'ray_train'}"]
+    proc = subprocess.run(cmd, cwd=REPO, env=subprocess_env(), capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, f"trainer failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    ckpt = json.loads(proc.stdout.strip().splitlines()[-1])["checkpoint"]
+    assert (Path(ckpt) / "rl_platform.json").is_file()
+    return ckpt
+
+
+@pytest.fixture(scope="session")
+def cartpole_v2_checkpoint(serving_workdir) -> str:
+    """A second CartPole policy (different weights and id) to reload to."""
+    return str(make_module_checkpoint(serving_workdir / "cartpole_v2", "cartpole", seed=1))
+
+
+@pytest.fixture(scope="session")
+def trading_checkpoint(serving_workdir) -> str:
+    return str(make_module_checkpoint(serving_workdir / "trading", "trading"))
+
+
+@pytest.fixture(scope="session")
+def pong_checkpoint(serving_workdir) -> str:
+    return str(make_module_checkpoint(serving_workdir / "pong", "pong"))
+
+
+class ServerProcess:
+    """`python -m serving` in a subprocess; stdout JSON events are collected by a reader thread."""
+
+    def __init__(self, workdir: Path, policies: dict[str, str], **user_config):
+        self.workdir = workdir
+        self.port, self.metrics_port = free_port(), free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.metrics_url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        self.config_path = workdir / "serve_config.yaml"
+        self.policies = dict(policies)
+        self.user_config = user_config
+        self.write_config(policies)
+        self.events: queue.Queue = queue.Queue()
+        self.log_path = workdir / "server.log"
+        self._log = open(self.log_path, "w")
+        cmd = [sys.executable, "-m", "serving", "--config", str(self.config_path), "--port", str(self.port),
+               "--proxy-port", str(free_port()), "--metrics-port", str(self.metrics_port),
+               "--temp-dir", str(workdir / "ray"), "--num-cpus", "2"]
+        self.proc = subprocess.Popen(cmd, cwd=REPO, env=subprocess_env(), stdout=subprocess.PIPE, stderr=self._log,
+                                     text=True)
+        threading.Thread(target=self._read, daemon=True).start()
+        self.wait_event("ready", 300)
+
+    def write_config(self, policies: dict[str, str], check_paths: bool = True) -> None:
+        cfg = launch.with_overrides(launch.load_config(), policies=policies, user_config=self.user_config,
+                                    resolve_paths=check_paths)
+        self.config_path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            if line.startswith("{"):
+                try:
+                    self.events.put(json.loads(line))
+                except ValueError:
+                    pass
+        self.events.put({"event": "exited"})
+
+    def wait_event(self, name: str, timeout_s: float) -> dict:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise AssertionError(f"no {name!r} event in {timeout_s}s; log tail:\n{self.log_tail()}")
+            try:
+                ev = self.events.get(timeout=left)
+            except queue.Empty:
+                continue
+            if ev.get("event") == name:
+                return ev
+            if ev.get("event") == "exited":
+                raise AssertionError(f"server exited ({self.proc.poll()}) waiting for {name!r}:\n{self.log_tail()}")
+
+    def reload(self, policies: dict[str, str], timeout_s: float = 180) -> None:
+        self.write_config(policies)
+        self.proc.send_signal(signal.SIGHUP)
+        self.wait_event("reloaded", timeout_s)
+        self.policies = dict(policies)
+
+    def log_tail(self, n: int = 4000) -> str:
+        self._log.flush()
+        return self.log_path.read_text()[-n:]
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(timeout=90)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=30)
+        self._log.close()
+        return self.proc.returncode
+
+
+@pytest.fixture(scope="session")
+def server(serving_workdir, cartpole_checkpoint, trading_checkpoint, pong_checkpoint):
+    (serving_workdir / "server").mkdir()
+    srv = ServerProcess(
+        serving_workdir / "server",
+        {"default": cartpole_checkpoint, "trading": trading_checkpoint, "pong": pong_checkpoint},
+        max_body_bytes=1 << 20, max_batch_items=256,
+    )
+    yield srv
+    rc = srv.stop()
+    assert rc == 0, f"server exited {rc} on SIGINT:\n{srv.log_tail()}"

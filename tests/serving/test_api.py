@@ -1,0 +1,258 @@
+"""Real Serve over real HTTP: actions match the in-process RLModule, every bad-input class gets its 4xx."""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+
+import numpy as np
+import pytest
+import requests
+
+pytestmark = pytest.mark.serve
+
+
+def reference_actions(checkpoint: str, obs: np.ndarray) -> list:
+    """Greedy actions straight from RLlib: RLModule.from_checkpoint + forward_inference, no serving code."""
+    import torch
+    from gymnasium import spaces
+    from ray.rllib.core.rl_module.rl_module import RLModule
+
+    meta = json.loads(open(f"{checkpoint}/rl_platform.json").read())
+    module = RLModule.from_checkpoint(f"{checkpoint}/{meta['module_dir']}")
+    with torch.no_grad():
+        logits = module.forward_inference({"obs": torch.from_numpy(obs)})["action_dist_inputs"].numpy()
+    if isinstance(module.action_space, spaces.MultiDiscrete):
+        parts = np.split(logits, np.cumsum(module.action_space.nvec)[:-1], axis=-1)
+        return np.stack([p.argmax(-1) for p in parts], -1).tolist()
+    return logits.argmax(-1).tolist()
+
+
+def cartpole_observations(n: int, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return (rng.uniform(-1, 1, size=(n, 4)) * [2.0, 2.0, 0.2, 2.0]).astype(np.float32)
+
+
+def post(server, path: str, body=None, data=None, **kw) -> requests.Response:
+    return requests.post(server.base + path, json=body, data=data, timeout=30, **kw)
+
+
+# ------------------------------------------------------------------------------------------- actions
+
+
+def test_served_cartpole_action_equals_in_process_module(server, cartpole_checkpoint):
+    obs = cartpole_observations(32)
+    want = reference_actions(cartpole_checkpoint, obs)
+    got = []
+    for o in obs:
+        r = post(server, "/v1/policies/default/act", {"observation": o.tolist()})
+        assert r.status_code == 200, r.text
+        got.append(r.json()["action"])
+    assert got == want
+    r = post(server, "/v1/policies/default/act_batch", {"observations": obs.tolist()})
+    assert r.status_code == 200, r.text
+    assert r.json()["actions"] == want
+    meta = json.loads(open(f"{cartpole_checkpoint}/rl_platform.json").read())
+    assert r.json()["checkpoint_id"] == meta["checkpoint_id"]
+
+
+def test_concurrent_requests_are_batched_and_still_correct(server, cartpole_checkpoint):
+    from concurrent.futures import ThreadPoolExecutor
+
+    obs = cartpole_observations(64, seed=3)
+    want = reference_actions(cartpole_checkpoint, obs)
+    with ThreadPoolExecutor(8) as pool:
+        got = list(pool.map(lambda o: post(server, "/v1/policies/default/act", {"observation": o.tolist()}).json()["action"], obs))
+    assert got == want
+
+
+def test_multidiscrete_policy_returns_one_action_per_subspace(server, trading_checkpoint):
+    info = requests.get(server.base + "/v1/policies/trading", timeout=10).json()
+    n = info["observation_space"]["shape"][0]
+    obs = np.random.default_rng(1).normal(size=(16, n)).astype(np.float32)
+    want = reference_actions(trading_checkpoint, obs)
+    r = post(server, "/v1/policies/trading/act_batch", {"observations": obs.tolist()})
+    assert r.status_code == 200, r.text
+    assert r.json()["actions"] == want
+    assert all(len(a) == len(info["action_space"]["nvec"]) for a in r.json()["actions"])
+
+
+def test_base64_observation_is_accepted(server, cartpole_checkpoint):
+    obs = cartpole_observations(1, seed=5)
+    enc = {"b64": base64.b64encode(obs[0].tobytes()).decode(), "dtype": "float32", "shape": [4]}
+    r = post(server, "/v1/policies/default/act", {"observation": enc})
+    assert r.status_code == 200, r.text
+    assert r.json()["action"] == reference_actions(cartpole_checkpoint, obs)[0]
+
+
+def test_pong_session_stacks_frames_like_the_trainer(server, pong_checkpoint):
+    """Frames sent one by one with a session_id give the actions of the zero-filled 4-frame stack."""
+    from rl_envs.atari import preprocess_frame
+
+    rng = np.random.default_rng(2)
+    raw = rng.integers(0, 256, size=(6, 210, 160, 3), dtype=np.uint8)
+    frames = [preprocess_frame(f) for f in raw]
+    stacks = []
+    for t in range(len(frames)):
+        window = [np.zeros_like(frames[0])] * max(0, 3 - t) + frames[max(0, t - 3): t + 1]
+        stacks.append(np.concatenate(window, axis=-1))
+    want = reference_actions(pong_checkpoint, np.stack(stacks))
+    got = []
+    for t, f in enumerate(raw):
+        enc = {"b64": base64.b64encode(f.tobytes()).decode(), "dtype": "uint8", "shape": [210, 160, 3]}
+        body = {"session_id": "game-1", "frame": enc, **({"reset": True} if t == 0 else {})}
+        r = post(server, "/v1/policies/pong/act", body)
+        assert r.status_code == 200, r.text
+        assert r.json()["session"] == {"id": "game-1", "new": t == 0, "frames": t + 1}
+        got.append(r.json()["action"])
+    assert got == want
+    # Stateless alternative: the client sends the stacked observation itself.
+    r = post(server, "/v1/policies/pong/act", {"observation": stacks[-1].tolist()})
+    assert r.status_code == 200 and r.json()["action"] == want[-1]
+    # Preprocessed frames (64, 64, 1) work too; reset restarts the stack.
+    r = post(server, "/v1/policies/pong/act", {"session_id": "game-1", "reset": True, "frame": frames[0].tolist()})
+    assert r.json()["action"] == want[0] and r.json()["session"]["new"] is True
+    r = requests.delete(server.base + "/v1/policies/pong/sessions/game-1", timeout=10)
+    assert r.json() == {"session_id": "game-1", "ended": True}
+
+
+# ------------------------------------------------------------------------------------------- listing / health
+
+
+def test_list_policies_names_versions_and_spaces(server, cartpole_checkpoint):
+    r = requests.get(server.base + "/v1/policies", timeout=10)
+    assert r.status_code == 200
+    pols = {p["name"]: p for p in r.json()["policies"]}
+    assert set(pols) == {"default", "trading", "pong"}
+    cp = pols["default"]
+    meta = json.loads(open(f"{cartpole_checkpoint}/rl_platform.json").read())
+    assert cp["checkpoint_id"] == cp["version"] == meta["checkpoint_id"]
+    assert cp["observation_space"]["shape"] == [4] and cp["observation_space"]["type"] == "Box"
+    assert cp["action_space"] == {"type": "Discrete", "n": 2, "start": 0}
+    assert pols["pong"]["observation_space"]["shape"] == [64, 64, 4]
+    assert pols["pong"]["frame"]["shape"] == [64, 64, 1] and pols["pong"]["framestack"] == 4
+    assert pols["trading"]["action_space"]["type"] == "MultiDiscrete"
+
+
+def test_health_readiness_and_openapi(server):
+    assert requests.get(server.base + "/healthz", timeout=10).json()["status"] == "ok"
+    ready = requests.get(server.base + "/readyz", timeout=10)
+    assert ready.status_code == 200 and set(ready.json()["policies"]) == {"default", "trading", "pong"}
+    doc = requests.get(server.base + "/openapi.json", timeout=10).json()
+    assert doc["openapi"].startswith("3.")
+    assert {"/v1/policies", "/v1/policies/{name}/act", "/v1/policies/{name}/act_batch", "/healthz", "/readyz"} <= set(doc["paths"])
+
+
+# ------------------------------------------------------------------------------------------- bad input
+
+OBS = "/v1/policies/default/act"
+BATCH = "/v1/policies/default/act_batch"
+
+BAD_REQUESTS = [
+    # (id, method, path, raw body or json, expected status, expected error code)
+    ("invalid-json", "POST", OBS, b'{"observation": [0, 0, 0', 400, "invalid_json"),
+    ("not-an-object", "POST", OBS, b"[0, 0, 0, 0]", 400, "bad_body"),
+    ("empty-body", "POST", OBS, b"", 400, "empty_body"),
+    ("missing-observation", "POST", OBS, {"obs": [0, 0, 0, 0]}, 400, "unknown_field"),
+    ("no-fields", "POST", OBS, {}, 400, "missing_observation"),
+    ("batch-missing-field", "POST", BATCH, {}, 400, "missing_observations"),
+    ("frame-without-session", "POST", "/v1/policies/pong/act", {"frame": [[0.0]]}, 400, "missing_session_id"),
+    ("not-utf8", "POST", OBS, b"\xff\xfe\x00", 400, "invalid_json"),
+    ("deep-nesting", "POST", OBS, b'{"observation": ' + b"[" * 100000 + b"]" * 100000 + b"}", 400, "invalid_json"),
+    ("unknown-policy", "POST", "/v1/policies/nope/act", {"observation": [0, 0, 0, 0]}, 404, "unknown_policy"),
+    ("unknown-route", "GET", "/v2/whatever", None, 404, "not_found"),
+    ("wrong-method", "GET", OBS, None, 405, "method_not_allowed"),
+    ("body-too-large", "POST", OBS, b'{"observation": [' + b"0.0, " * 300000 + b"0.0]}", 413, "body_too_large"),
+    ("batch-too-large", "POST", BATCH, {"observations": [[0.0] * 4] * 300}, 413, "batch_too_large"),
+    ("wrong-shape", "POST", OBS, {"observation": [0.0, 0.0, 0.0]}, 422, "bad_shape"),
+    ("wrong-rank", "POST", OBS, {"observation": [[0.0, 0.0, 0.0, 0.0]]}, 422, "bad_shape"),
+    ("scalar", "POST", OBS, {"observation": 1.0}, 422, "bad_shape"),
+    ("nan", "POST", OBS, b'{"observation": [NaN, 0, 0, 0]}', 422, "non_finite"),
+    ("infinity", "POST", OBS, b'{"observation": [0, Infinity, 0, 0]}', 422, "non_finite"),
+    ("float32-overflow", "POST", OBS, {"observation": [0, 1e39, 0, 0]}, 422, "non_finite"),
+    ("strings", "POST", OBS, {"observation": ["a", "b", "c", "d"]}, 422, "bad_dtype"),
+    ("numeric-strings", "POST", OBS, {"observation": ["0", "0", "0", "0"]}, 422, "bad_dtype"),
+    ("booleans", "POST", OBS, {"observation": [True, False, True, False]}, 422, "bad_dtype"),
+    ("null", "POST", OBS, {"observation": None}, 422, "bad_dtype"),
+    ("ragged", "POST", BATCH, {"observations": [[0, 0, 0, 0], [0, 0]]}, 422, "ragged_array"),
+    ("mixed", "POST", OBS, {"observation": [0, [0], 0, 0]}, 422, "ragged_array"),
+    ("out-of-bounds", "POST", OBS, {"observation": [99.0, 0, 0, 0]}, 422, "out_of_bounds"),
+    ("empty-batch", "POST", BATCH, {"observations": []}, 422, "empty_batch"),
+    ("batch-wrong-shape", "POST", BATCH, {"observations": [[0, 0, 0]]}, 422, "bad_shape"),
+    ("bad-base64", "POST", OBS, {"observation": {"b64": "!!!", "dtype": "float32", "shape": [4]}}, 422, "bad_encoding"),
+    ("base64-size-mismatch", "POST", OBS, {"observation": {"b64": "AAAA", "dtype": "float32", "shape": [4]}}, 422, "bad_shape"),
+    ("pong-bad-frame", "POST", "/v1/policies/pong/act", {"session_id": "s", "frame": [[1.0, 2.0]]}, 422, "bad_shape"),
+    ("pong-raw-frame-range", "POST", "/v1/policies/pong/act",
+     {"session_id": "s", "frame": {"b64": base64.b64encode(np.full((4, 4, 3), 300, np.int16).tobytes()).decode(),
+                                   "dtype": "int16", "shape": [4, 4, 3]}}, 422, "bad_dtype"),
+]
+
+
+@pytest.mark.parametrize("case", BAD_REQUESTS, ids=[c[0] for c in BAD_REQUESTS])
+def test_bad_input_gets_its_4xx_with_a_named_problem(server, case):
+    _, method, path, body, status, code = case
+    kw = {"data": body} if isinstance(body, bytes) else ({"json": body} if body is not None else {})
+    r = requests.request(method, server.base + path, timeout=30, headers={"Content-Type": "application/json"}, **kw)
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert err["code"] == code and err["message"]
+
+
+def test_chunked_body_over_the_limit_is_cut_off_with_413(server):
+    def chunks():
+        yield b'{"observation": ['
+        for _ in range(200):
+            yield b"0.0, " * 2000
+        yield b"0.0]}"
+
+    r = requests.post(server.base + OBS, data=chunks(), timeout=60)  # no Content-Length: streamed
+    assert r.status_code == 413 and r.json()["error"]["code"] == "body_too_large"
+
+
+def test_server_stays_healthy_after_bad_input(server, cartpole_checkpoint):
+    for case in BAD_REQUESTS[:10]:
+        requests.request(case[1], server.base + case[2], timeout=30,
+                         **({"data": case[3]} if isinstance(case[3], bytes) else {"json": case[3]}))
+    assert requests.get(server.base + "/healthz", timeout=10).status_code == 200
+    obs = cartpole_observations(1, seed=9)
+    r = post(server, OBS, {"observation": obs[0].tolist()})
+    assert r.status_code == 200 and r.json()["action"] == reference_actions(cartpole_checkpoint, obs)[0]
+
+
+# ------------------------------------------------------------------------------------------- metrics
+
+
+def _scrape(url: str) -> str:
+    try:
+        return requests.get(url, timeout=10).text
+    except requests.RequestException:
+        return ""
+
+
+def test_metrics_appear_on_rays_metrics_port_after_traffic(server):
+    for _ in range(5):
+        post(server, OBS, {"observation": [0.0, 0.0, 0.0, 0.0]})
+    post(server, OBS, {"observation": [0.0]})
+    want = [
+        'ray_rl_serve_requests_total{',
+        'status="200"',
+        'status="422"',
+        "ray_rl_serve_request_latency_ms_bucket{",
+        "ray_rl_serve_batch_size_bucket{",
+        "ray_rl_serve_inference_latency_ms_bucket{",
+        "ray_rl_serve_policy_info{",
+        "ray_rl_serve_policy_reloads_total{",
+        "ray_serve_num_http_requests_total{",  # Serve's own series on the same port
+    ]
+    deadline = time.monotonic() + 90
+    text = ""
+    while time.monotonic() < deadline:
+        text = _scrape(server.metrics_url)
+        if all(w in text for w in want):
+            break
+        time.sleep(1)
+    missing = [w for w in want if w not in text]
+    assert not missing, f"missing on {server.metrics_url}: {missing}"
+    info = [l for l in text.splitlines() if l.startswith("ray_rl_serve_policy_info{") and 'policy="default"' in l]
+    assert any(l.endswith(" 1.0") for l in info), info

@@ -79,6 +79,7 @@ def run(cfg: DictConfig) -> dict:
         **summary,
     }
     storage.write_json(summary, "summary.json")
+    log(f"checkpoint: {summary['checkpoint']}")
     return summary
 
 

@@ -35,6 +35,30 @@ def stop_reason(cfg, row: dict[str, Any], run_wall_s: float, iters_this_run: int
     return None
 
 
+def checkpoint_metadata(cfg, name: str, row: dict[str, Any]) -> dict[str, Any]:
+    """rl_platform.json: what the policy server needs to know about a checkpoint besides the RLModule itself."""
+    from rl_envs import get_spec
+
+    ident = f"{cfg.experiment}-{name}-iter{row['iteration']}-steps{row['env_steps']}"
+    env = OmegaConf.to_container(cfg.env, resolve=True)
+    ret = row["episode_return_mean"]
+    return {
+        "format_version": 1,
+        "policy_id": POLICY_ID,
+        "module_dir": MODULE_DIR,
+        "env": env["name"],
+        "env_config": env["env_config"],
+        "framestack": get_spec(env["name"]).framestack,
+        "algo": cfg.algo.name,
+        "experiment": cfg.experiment,
+        "iteration": row["iteration"],
+        "env_steps": row["env_steps"],
+        "episode_return_mean": None if ret is None or math.isnan(ret) else ret,
+        "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "checkpoint_id": ident + "-" + hashlib.sha1(f"{ident}{time.time_ns()}".encode()).hexdigest()[:8],
+    }
+
+
 class CheckpointManager:
     """checkpoints/iter_NNNNNN (periodic, last `keep`), checkpoints/best, checkpoints/final + state.json pointer.
 
@@ -53,33 +77,18 @@ class CheckpointManager:
     def latest(self) -> str | None:
         return self.state.get("latest_checkpoint")
 
-    def _metadata(self, name: str, row: dict[str, Any]) -> dict[str, Any]:
-        ident = f"{self.cfg.experiment}-{name}-iter{row['iteration']}-steps{row['env_steps']}"
-        env = OmegaConf.to_container(self.cfg.env, resolve=True)
-        from rl_envs import get_spec
-
-        return {
-            "format_version": 1,
-            "policy_id": POLICY_ID,
-            "module_dir": MODULE_DIR,
-            "env": env["name"],
-            "env_config": env["env_config"],
-            "framestack": get_spec(env["name"]).framestack,
-            "algo": self.cfg.algo.name,
-            "experiment": self.cfg.experiment,
-            "iteration": row["iteration"],
-            "env_steps": row["env_steps"],
-            "episode_return_mean": None if math.isnan(row["episode_return_mean"]) else row["episode_return_mean"],
-            "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-            "checkpoint_id": ident + "-" + hashlib.sha1(f"{ident}{time.time_ns()}".encode()).hexdigest()[:8],
-        }
-
     def save(self, algo, name: str, row: dict[str, Any]) -> str:
         rel = f"checkpoints/{name}"
         self.storage.delete_dir(rel)
         algo.save_to_path(self.storage.path(rel), filesystem=self.storage.fs)
-        self.storage.write_json(self._metadata(name, row), rel, "rl_platform.json")
+        self.storage.write_json(checkpoint_metadata(self.cfg, name, row), rel, "rl_platform.json")
         return rel
+
+    def mark_best(self, rel: str, row: dict[str, Any]) -> dict[str, Any]:
+        """Copy checkpoint `rel` to checkpoints/best (with its own metadata); returns the state's `best` entry."""
+        self.storage.copy_dir((rel,), ("checkpoints/best",))
+        self.storage.write_json(checkpoint_metadata(self.cfg, "best", row), "checkpoints/best", "rl_platform.json")
+        return {"checkpoint": "checkpoints/best", **{k: row[k] for k in ("iteration", "env_steps", "episode_return_mean")}}
 
     def commit(self, rel: str, row: dict[str, Any], best: dict[str, Any] | None, extra: dict[str, Any]) -> None:
         self.state.update(extra)
@@ -175,18 +184,14 @@ def train_loop(cfg, config, storage: Storage, log) -> dict[str, Any]:
                 ckpts.state.setdefault("periodic", []).append(rel)
                 if not math.isnan(row["episode_return_mean"]) and row["episode_return_mean"] >= best_ret:
                     best_ret = row["episode_return_mean"]
-                    storage.copy_dir((rel,), ("checkpoints/best",))
-                    storage.write_json({**ckpts._metadata("best", row)}, "checkpoints/best", "rl_platform.json")
-                    best = {"checkpoint": "checkpoints/best", **{k: row[k] for k in ("iteration", "env_steps", "episode_return_mean")}}
+                    best = ckpts.mark_best(rel, row)
                 ckpts.prune()
                 _flush(storage, progress, local_dir)
                 ckpts.commit(rel, row, best, {"wall_s": row["wall_s"]})
         log(f"stopping: {reason}")
         final = ckpts.save(algo, "final", row)
         if not math.isnan(row["episode_return_mean"]) and row["episode_return_mean"] >= best_ret:
-            storage.copy_dir((final,), ("checkpoints/best",))
-            storage.write_json(ckpts._metadata("best", row), "checkpoints/best", "rl_platform.json")
-            best = {"checkpoint": "checkpoints/best", **{k: row[k] for k in ("iteration", "env_steps", "episode_return_mean")}}
+            best = ckpts.mark_best(final, row)
         _flush(storage, progress, local_dir)
         ckpts.commit(final, row, best, {"wall_s": row["wall_s"], "stop_reason": reason})
     finally:

@@ -123,7 +123,7 @@ def run_tune(cfg, build_algo_config, storage: Storage, log) -> dict[str, Any]:
         raise TrainerError(f"best trial has no checkpoint; trial errors: {errors[:3]}")
     ret = best.metrics.get("env_runners", {}).get("episode_return_mean")
     return {
-        "checkpoint": best.checkpoint.path if not storage.local else best.checkpoint.path,
+        "checkpoint": best.checkpoint.path,
         "best_checkpoint": best.checkpoint.path,
         "episode_return_mean": None if ret is None or math.isnan(ret) else round(float(ret), 3),
         "env_steps": int(best.metrics.get("num_env_steps_sampled_lifetime") or 0),
@@ -137,14 +137,12 @@ def run_tune(cfg, build_algo_config, storage: Storage, log) -> dict[str, Any]:
 
 def finish_tune(cfg, storage: Storage, summary: dict[str, Any]) -> dict[str, Any]:
     """Leave the same artifacts as a plain run: the best trial's curve, PNG and checkpoint metadata."""
-    import datetime as dt
     import json
 
     import pyarrow.fs as pafs
 
-    from rl_envs import get_spec
     from trainer.artifacts import learning_curve_png
-    from trainer.loop import MODULE_DIR, POLICY_ID
+    from trainer.loop import checkpoint_metadata
 
     best = summary.pop("_best_result")
     df = best.metrics_dataframe
@@ -160,16 +158,9 @@ def finish_tune(cfg, storage: Storage, summary: dict[str, Any]) -> dict[str, Any
         storage.write_bytes(learning_curve_png(rows, f"{cfg.experiment} (best trial)", cfg.stop.episode_return_mean),
                             "learning_curve.png")
     fs, path = pafs.FileSystem.from_uri(best.checkpoint.path) if "://" in best.checkpoint.path else (pafs.LocalFileSystem(), best.checkpoint.path)
-    env = OmegaConf.to_container(cfg.env, resolve=True)
-    meta = {
-        "format_version": 1, "policy_id": POLICY_ID, "module_dir": MODULE_DIR,
-        "env": env["name"], "env_config": env["env_config"], "framestack": get_spec(env["name"]).framestack,
-        "algo": cfg.algo.name, "experiment": cfg.experiment,
-        "iteration": summary["iterations"], "env_steps": summary["env_steps"],
-        "episode_return_mean": summary["episode_return_mean"],
-        "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "checkpoint_id": f"{cfg.experiment}-tune-{best.path.rstrip('/').rsplit('/', 1)[-1]}-iter{summary['iterations']}",
-    }
+    row = {"iteration": summary["iterations"], "env_steps": summary["env_steps"],
+           "episode_return_mean": summary["episode_return_mean"]}
+    meta = checkpoint_metadata(cfg, "tune-best", row)
     with fs.open_output_stream(path.rstrip("/") + "/rl_platform.json") as f:
         f.write(json.dumps(meta, indent=2).encode())
     return summary

@@ -8,6 +8,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from rl_envs import get_spec, register_with_ray
+from trainer.callbacks import WINDOW, LastNEpisodeReturns
 from trainer.config import AlgoConf, TrainConfig
 from trainer.errors import TrainerError
 from trainer.resources import placement
@@ -96,8 +97,10 @@ def build_algo_config(cfg: TrainConfig, algo_overrides: dict[str, Any] | None = 
             restart_failed_env_runners=cfg.fault_tolerance.restart_failed_env_runners,
             max_num_env_runner_restarts=cfg.fault_tolerance.max_num_env_runner_restarts,
         )
-        # Report the mean of the last 20 episodes (the usual "solved" window); sample no more than one batch.
-        .reporting(metrics_num_episodes_for_smoothing=20, min_sample_timesteps_per_iteration=0)
+        # Sample no more than one batch per iteration: the stop criteria are checked after every iteration.
+        .reporting(metrics_num_episodes_for_smoothing=WINDOW, min_sample_timesteps_per_iteration=0)
+        # Reports the mean return of the last WINDOW training episodes (the usual "solved" criterion).
+        .callbacks(LastNEpisodeReturns)
     )
     if spec.framestack > 1:
         from ray.rllib.connectors.env_to_module.frame_stacking import FrameStackingEnvToModule

@@ -8,12 +8,15 @@ import math
 import os
 from typing import Any
 
+from trainer.callbacks import RETURN_MEAN_KEY, WINDOW
+
 # Columns of progress.csv: one row per training iteration.
 COLUMNS = [
     "iteration",
     "env_steps",
     "episode_return_mean",
     "episodes",
+    "return_window",
     "wall_s",
     "iter_s",
     "env_steps_per_s",
@@ -23,12 +26,14 @@ COLUMNS = [
 def row_from_result(result: dict[str, Any], wall_s: float, iter_s: float, steps_before: int) -> dict[str, Any]:
     env = result.get("env_runners", {})
     steps = int(result.get("num_env_steps_sampled_lifetime") or env.get("num_env_steps_sampled_lifetime") or 0)
-    ret = env.get("episode_return_mean")
+    ret = result.get(RETURN_MEAN_KEY, env.get("episode_return_mean"))
     return {
         "iteration": int(result["training_iteration"]),
         "env_steps": steps,
         "episode_return_mean": float(ret) if ret is not None else math.nan,
         "episodes": int(env.get("num_episodes_lifetime") or 0),
+        # Episodes behind episode_return_mean (>= WINDOW once that many have ended).
+        "return_window": int(result.get("episode_return_window") or 0),
         "wall_s": round(wall_s, 3),
         "iter_s": round(iter_s, 3),
         "env_steps_per_s": round((steps - steps_before) / iter_s, 1) if iter_s > 0 else 0.0,
@@ -87,6 +92,7 @@ def read_csv_rows(data: bytes) -> list[dict[str, Any]]:
                 "env_steps": int(r["env_steps"]),
                 "episode_return_mean": float(r["episode_return_mean"]),
                 "episodes": int(r["episodes"]),
+                "return_window": int(r.get("return_window") or 0),
                 "wall_s": float(r["wall_s"]),
                 "iter_s": float(r["iter_s"]),
                 "env_steps_per_s": float(r["env_steps_per_s"]),
@@ -104,7 +110,7 @@ def learning_curve_png(rows: list[dict[str, Any]], title: str, target: float | N
     fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
     xs = [r["env_steps"] for r in rows]
     ys = [r["episode_return_mean"] for r in rows]
-    ax.plot(xs, ys, marker=".", linewidth=1.5, label="episode return (mean of last 20)")
+    ax.plot(xs, ys, marker=".", linewidth=1.5, label=f"episode return (mean of last {WINDOW})")
     if target is not None:
         ax.axhline(target, color="tab:red", linestyle="--", linewidth=1, label=f"target {target:g}")
     ax.set_xlabel("env steps")

@@ -135,7 +135,8 @@ class TuneConf:
     scheduler: str = "none"  # none | asha | hyperband | pbt
     num_samples: int = 1
     max_concurrent_trials: Optional[int] = None
-    metric: str = "env_runners/episode_return_mean"
+    # Mean return of the last 20 training episodes (trainer.callbacks), or any key of RLlib's result dict.
+    metric: str = "episode_return_mean_last_n"
     mode: str = "max"
     # Search space over algo keys, e.g. {"lr": {"loguniform": [1e-4, 1e-3]}, "gamma": {"choice": [0.98, 0.99]}}.
     param_space: Dict[str, Any] = field(default_factory=dict)

@@ -12,6 +12,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from trainer.callbacks import WINDOW
 from trainer.artifacts import Progress, learning_curve_png, read_csv_rows, row_from_result
 from trainer.errors import TrainerError
 from trainer.storage import Storage
@@ -24,8 +25,9 @@ STATE_FILE = "state.json"
 def stop_reason(cfg, row: dict[str, Any], run_wall_s: float, iters_this_run: int) -> str | None:
     stop = cfg.stop
     ret = row["episode_return_mean"]
-    if stop.episode_return_mean is not None and not math.isnan(ret) and ret >= stop.episode_return_mean:
-        return f"episode_return_mean {ret:.1f} >= {stop.episode_return_mean:g}"
+    if (stop.episode_return_mean is not None and not math.isnan(ret) and ret >= stop.episode_return_mean
+            and row["return_window"] >= WINDOW):
+        return f"episode_return_mean {ret:.1f} (last {row['return_window']} episodes) >= {stop.episode_return_mean:g}"
     if stop.env_steps is not None and row["env_steps"] >= stop.env_steps:
         return f"env_steps {row['env_steps']} >= {stop.env_steps}"
     if stop.iterations is not None and iters_this_run >= stop.iterations:

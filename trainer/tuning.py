@@ -7,6 +7,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from trainer.callbacks import RETURN_MEAN_KEY
 from trainer.errors import TrainerError
 from trainer.storage import Storage
 
@@ -73,7 +74,7 @@ def run_tune(cfg, build_algo_config, storage: Storage, log) -> dict[str, Any]:
 
     stop: dict[str, Any] = {}
     if cfg.stop.episode_return_mean is not None:
-        stop["env_runners/episode_return_mean"] = cfg.stop.episode_return_mean
+        stop[RETURN_MEAN_KEY] = cfg.stop.episode_return_mean
     if cfg.stop.env_steps is not None:
         stop["num_env_steps_sampled_lifetime"] = cfg.stop.env_steps
     if cfg.stop.iterations is not None:
@@ -121,7 +122,7 @@ def run_tune(cfg, build_algo_config, storage: Storage, log) -> dict[str, Any]:
         raise TrainerError(f"no Tune trial reported {metric}: {errors[:1] or e}") from e
     if best.checkpoint is None:
         raise TrainerError(f"best trial has no checkpoint; trial errors: {errors[:3]}")
-    ret = best.metrics.get("env_runners", {}).get("episode_return_mean")
+    ret = best.metrics.get(RETURN_MEAN_KEY)
     return {
         "checkpoint": best.checkpoint.path,
         "best_checkpoint": best.checkpoint.path,
@@ -152,7 +153,7 @@ def finish_tune(cfg, storage: Storage, summary: dict[str, Any]) -> dict[str, Any
             rows.append({
                 "iteration": int(r.get("training_iteration", 0)),
                 "env_steps": int(r.get("num_env_steps_sampled_lifetime", 0) or 0),
-                "episode_return_mean": float(r.get("env_runners/episode_return_mean", math.nan)),
+                "episode_return_mean": float(r.get(RETURN_MEAN_KEY, math.nan)),
             })
         storage.write_bytes(df.to_csv(index=False).encode(), "progress.csv")
         storage.write_bytes(learning_curve_png(rows, f"{cfg.experiment} (best trial)", cfg.stop.episode_return_mean),

@@ -60,3 +60,14 @@ def test_preprocess_frame_matches_env_scaling():
 def test_unknown_env_names_the_known_ones():
     with pytest.raises(KeyError, match="cartpole"):
         rl_envs.make_env("atlantis")
+
+
+def test_window_mean_covers_at_least_the_last_n_episodes():
+    from trainer.callbacks import window_mean
+
+    # 30 episodes at 10, then 2 iterations of long episodes: the last 20 episodes include 18 short ones.
+    history = [(30, 10.0), (1, 500.0), (1, 500.0)]
+    mean, n = window_mean(history, window=20)
+    assert n == 32 and mean == (30 * 10 + 1000) / 32
+    assert window_mean([(1, 500.0)], window=20) == (500.0, 1)
+    assert window_mean([], window=20)[1] == 0

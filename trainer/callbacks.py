@@ -43,8 +43,9 @@ class LastNEpisodeReturns(RLlibCallback):
 
     def on_train_result(self, *, algorithm, metrics_logger=None, result: dict, **kwargs) -> None:
         env = result.get("env_runners", {})
-        count = env.pop(EPISODES_ENDED, 0) or 0
+        count = env.pop(EPISODES_ENDED, None)
         mean = env.get("episode_return_mean")
-        if count and mean is not None:
+        # Both are NaN in an iteration where no episode ended.
+        if count is not None and mean is not None and math.isfinite(count) and math.isfinite(mean) and count > 0:
             self.history.append((int(count), float(mean)))
         result[RETURN_MEAN_KEY], result["episode_return_window"] = window_mean(self.history)

@@ -49,3 +49,9 @@ class LastNEpisodeReturns(RLlibCallback):
         if count is not None and mean is not None and math.isfinite(count) and math.isfinite(mean) and count > 0:
             self.history.append((int(count), float(mean)))
         result[RETURN_MEAN_KEY], result["episode_return_window"] = window_mean(self.history)
+
+
+def window_history(algo) -> LastNEpisodeReturns | None:
+    """The algorithm's LastNEpisodeReturns instance (to save/restore its history across a resume)."""
+    callbacks = algo.callbacks if isinstance(algo.callbacks, list) else [algo.callbacks]
+    return next((c for c in callbacks if isinstance(c, LastNEpisodeReturns)), None)

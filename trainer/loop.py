@@ -12,7 +12,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from trainer.callbacks import WINDOW
+from trainer.callbacks import WINDOW, window_history
 from trainer.artifacts import Progress, learning_curve_png, read_csv_rows, row_from_result
 from trainer.errors import TrainerError
 from trainer.storage import Storage
@@ -152,6 +152,10 @@ def train_loop(cfg, config, storage: Storage, log) -> dict[str, Any]:
     algo = config.build_algo()
     if resume_from:
         algo.restore_from_path(storage.path(resume_from), filesystem=storage.fs)
+        # The return window is ours, not RLlib's state: carry it over so a resumed run judges "solved" alike.
+        cb = window_history(algo)
+        if cb is not None:
+            cb.history.extend((int(n), float(m)) for n, m in ckpts.state.get("return_history", []))
         log(f"resumed from {storage.uri(resume_from)} at iteration {algo.iteration}, "
             f"{ckpts.state.get('env_steps', 0)} env steps")
     log(f"algorithm built in {time.time() - t_build:.1f}s; training (stop: {OmegaConf.to_container(cfg.stop)})")
@@ -189,13 +193,14 @@ def train_loop(cfg, config, storage: Storage, log) -> dict[str, Any]:
                     best = ckpts.mark_best(rel, row)
                 ckpts.prune()
                 _flush(storage, progress, local_dir)
-                ckpts.commit(rel, row, best, {"wall_s": row["wall_s"]})
+                ckpts.commit(rel, row, best, {"wall_s": row["wall_s"], "return_history": _history(algo)})
         log(f"stopping: {reason}")
         final = ckpts.save(algo, "final", row)
         if not math.isnan(row["episode_return_mean"]) and row["episode_return_mean"] >= best_ret:
             best = ckpts.mark_best(final, row)
         _flush(storage, progress, local_dir)
-        ckpts.commit(final, row, best, {"wall_s": row["wall_s"], "stop_reason": reason})
+        ckpts.commit(final, row, best, {"wall_s": row["wall_s"], "stop_reason": reason,
+                                        "return_history": _history(algo)})
     finally:
         progress.close()
         algo.stop()
@@ -210,6 +215,11 @@ def train_loop(cfg, config, storage: Storage, log) -> dict[str, Any]:
         "stop_reason": reason,
         "resumed_from": storage.uri(resume_from) if resume_from else None,
     }
+
+
+def _history(algo) -> list[list[float]]:
+    cb = window_history(algo)
+    return [[n, m] for n, m in cb.history] if cb is not None else []
 
 
 def _flush(storage: Storage, progress: Progress, local_dir: str) -> None:

@@ -68,7 +68,9 @@ def test_kill_and_resume_continues_without_redoing_iterations(tmp_path):
         proc.wait(timeout=60)
     subprocess.run(["pkill", "-9", "-f", ray_tmp], check=False)  # Ray daemons of the killed run
 
-    done = json.loads(state.read_text())["iteration"]
+    killed_state = json.loads(state.read_text())
+    done = killed_state["iteration"]
+    assert killed_state["return_history"], "the return window is saved with each checkpoint"
     assert "final" not in os.listdir(out / "checkpoints")
 
     rerun = run_trainer(*args[:-1], "stop.iterations=2", timeout=600)
@@ -77,4 +79,8 @@ def test_kill_and_resume_continues_without_redoing_iterations(tmp_path):
     # Continues at done+1: the iterations completed before the kill are not redone, and none is skipped.
     assert summary["iterations"] == done + 2
     assert _iterations(out) == list(range(1, done + 3))
+    # The last-20-episodes window carries over the resume: the first resumed iteration already averages >= 20.
+    with open(out / "progress.csv") as f:
+        rows = {int(r["iteration"]): r for r in csv.DictReader(f)}
+    assert int(rows[done + 1]["return_window"]) >= 20
     assert f"resumed from {out}/checkpoints/iter_{done:06d} at iteration {done}" in rerun.stdout

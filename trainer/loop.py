@@ -113,9 +113,7 @@ class CheckpointManager:
 
 
 def _resolve_resume(cfg, ckpts: CheckpointManager, storage: Storage) -> str | None:
-    mode = cfg.fault_tolerance.resume
-    if mode not in ("auto", "never", "must"):
-        raise TrainerError(f"fault_tolerance.resume must be auto, never or must, not {mode!r}")
+    mode = cfg.fault_tolerance.resume  # auto | never | must (checked by trainer.validate)
     latest = ckpts.latest
     if mode == "never":
         if latest:

@@ -74,13 +74,6 @@ def placement(res: ResourcesConf) -> tuple[dict[str, Any], dict[str, Any]]:
     for 1 unit of `learner_resource`; only the nodes of the matching pool advertise them, so Ray can place each
     actor nowhere else. GPUs are requested only when configured (faking GPUs on a CPU host crashes RLlib).
     """
-    if res.num_env_runners < 0 or res.num_learners < 0:
-        raise TrainerError("resources.num_env_runners and resources.num_learners must be >= 0")
-    if res.num_gpus_per_learner > 0 and res.num_learners == 0 and res.learner_resource:
-        raise TrainerError(
-            "resources.num_gpus_per_learner > 0 with num_learners=0 would train in the driver, not on the "
-            "learner pool: set resources.num_learners >= 1"
-        )
     env_runners: dict[str, Any] = {
         "num_env_runners": res.num_env_runners,
         "num_cpus_per_env_runner": res.num_cpus_per_env_runner,

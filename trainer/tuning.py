@@ -64,8 +64,6 @@ def run_tune(cfg, build_algo_config, storage: Storage, log) -> dict[str, Any]:
 
     tc = cfg.tune
     metric, mode = tc.metric, tc.mode
-    if mode not in ("max", "min"):
-        raise TrainerError(f"tune.mode must be max or min, not {mode!r}")
     space = search_space(OmegaConf.to_container(tc.param_space, resolve=True))
     unknown = [k for k in space if k not in cfg.algo]
     if unknown:

@@ -36,6 +36,8 @@ def validate(cfg) -> None:
         raise TrainerError(f"unknown env.name {cfg.env.name!r}; known: {', '.join(sorted(ENVS))}")
     if cfg.tune.scheduler not in ("none", "asha", "hyperband", "pbt"):
         raise TrainerError(f"unknown tune.scheduler {cfg.tune.scheduler!r}; known: none, asha, hyperband, pbt")
+    if cfg.tune.mode not in ("max", "min"):
+        raise TrainerError(f"tune.mode must be max or min, not {cfg.tune.mode!r}")
     if cfg.fault_tolerance.resume not in ("auto", "never", "must"):
         raise TrainerError(f"fault_tolerance.resume must be auto, never or must, not {cfg.fault_tolerance.resume!r}")
     s = cfg.stop

@@ -16,7 +16,7 @@ TEST_PREREQS :=
 
 -include mk/*.mk
 
-.PHONY: help venv train test test-fast clean
+.PHONY: help venv train timeline test test-fast clean
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z0-9_.-]+:.*?## ' $(MAKEFILE_LIST) | sort -u | \
@@ -33,11 +33,18 @@ venv: $(VENV)/.installed ## Create .venv and install the project with its pinned
 train: venv ## Train the default experiment (CartPole PPO, embedded Ray) and print the checkpoint path
 	$(PY) -m trainer $(ARGS)
 
+# Chrome trace written by `make timeline`.
+TIMELINE ?= outputs/timeline.json
+
+timeline: venv ## Trace a short CartPole run (1 env runner, 1 learner actor) into $(TIMELINE) for ui.perfetto.dev
+	$(PY) -m trainer output_dir=$$(mktemp -d) stop.iterations=3 resources.num_env_runners=1 \
+	  resources.num_learners=1 debug.timeline=$(TIMELINE) $(ARGS)
+
 test: venv $(TEST_PREREQS) ## Run every test suite (unit, local Ray, serving, chart, containers)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 test-fast: venv ## Unit tests only (seconds; no Ray cluster, no Docker)
-	$(PY) -m pytest -m "not slow and not cluster and not docker and not serve and not chart" $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not slow and not cluster and not docker and not serve and not chart and not k8s" $(PYTEST_ARGS)
 
 clean: ## Remove local training outputs and caches (keeps .venv)
 	rm -rf outputs multirun .pytest_cache

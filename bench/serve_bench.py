@@ -14,6 +14,9 @@ Where the time goes is reported from three vantage points: the in-process floors
 validation + forward + JSON as the replica does it), the replica's own request latency (mean of the
 `ray_rl_serve_request_latency_ms` histogram over the sequential phase, scraped from Ray's metrics port) and
 the client's round trip. Round trip minus replica time = HTTP server + Serve's request path + kernel + client.
+
+Baseline in the same run and client: bench/bare_asgi_server.py, a bare ASGI app on uvicorn doing the same
+validation + inference + JSON without Serve; its phases alternate with Serve's (`--no-baseline` skips it).
 """
 
 from __future__ import annotations
@@ -43,6 +46,19 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def wait_ready(server: subprocess.Popen, log_path: Path, timeout_s: float = 240) -> None:
+    """Read `python -m serving`'s stdout until its `{"event": "ready", ...}` line (it exits or times out otherwise)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        line = server.stdout.readline()
+        if not line:
+            raise SystemExit(f"server exited ({server.poll()}); log: {log_path}")
+        if line.startswith('{"event": "ready"'):
+            return
+        if time.monotonic() > deadline:
+            raise SystemExit(f"server not ready in {timeout_s:.0f} s; log: {log_path}")
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -242,7 +258,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--floor-n", type=int, default=5000)
     p.add_argument("--out", default=str(REPO / "bench" / "results" / "serve_bench.json"))
     p.add_argument("--keep", action="store_true", help="keep the temp dir (server log, Ray logs, trained checkpoint)")
+    p.add_argument("--no-baseline", action="store_true", help="skip the bare ASGI baseline")
     args = p.parse_args(argv)
+    load_before = os.getloadavg()
 
     work = Path(tempfile.mkdtemp(prefix="serve_bench_"))
     ckpt = ensure_checkpoint(args.checkpoint, work)
@@ -264,16 +282,15 @@ def main(argv: list[str] | None = None) -> int:
     print("starting:", " ".join(cmd), flush=True)
     log = open(work / "server.log", "w")
     server = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=log, text=True)
+    bare, bare_port = None, free_port()
+    bare_seq, bare_conc = [], []
     try:
-        deadline = time.monotonic() + 240
-        while True:
-            line = server.stdout.readline()
-            if not line:
-                raise SystemExit(f"server exited ({server.poll()}); log: {work / 'server.log'}")
-            if line.startswith('{"event": "ready"'):
-                break
-            if time.monotonic() > deadline:
-                raise SystemExit("server not ready in 240 s")
+        if not args.no_baseline:
+            bare = subprocess.Popen([sys.executable, str(REPO / "bench" / "bare_asgi_server.py"), "--checkpoint", ckpt,
+                                     "--port", str(bare_port)], cwd=REPO, stdout=subprocess.PIPE, stderr=log, text=True)
+            if not bare.stdout.readline().startswith('{"event": "ready"'):
+                raise SystemExit(f"bare ASGI baseline did not start; log: {work / 'server.log'}")
+        wait_ready(server, work / "server.log")
         host = "127.0.0.1"
         path = "/v1/policies/default/act"
         reqs = [build_request(host, port, path, json.dumps({"observation": o}).encode()) for o in observations]
@@ -298,7 +315,20 @@ def main(argv: list[str] | None = None) -> int:
             conc_runs.append(res)
             print(f"  {args.clients} clients run {r + 1}: {res['req_per_s']:.0f} req/s  p50 {res['p50_ms']:.2f} ms  "
                   f"p99 {res['p99_ms']:.2f} ms  errors {res['errors']}", flush=True)
+            if bare is not None:
+                breqs = [build_request(host, bare_port, path, json.dumps({"observation": o}).encode())
+                         for o in observations]
+                lat = asyncio.run(sequential(host, bare_port, [breqs[i % len(breqs)] for i in range(args.sequential + 200)],
+                                             200))
+                bare_seq.append({"p50_ms": pct(lat, 50), "p99_ms": pct(lat, 99), "mean_ms": statistics.fmean(lat),
+                                 "n": len(lat)})
+                bare_conc.append(asyncio.run(concurrent(host, bare_port, breqs, args.clients, args.seconds)))
+                print(f"  bare ASGI run {r + 1}: sequential p50 {bare_seq[-1]['p50_ms']:.3f} ms; {args.clients} clients "
+                      f"{bare_conc[-1]['req_per_s']:.0f} req/s", flush=True)
     finally:
+        if bare is not None:
+            bare.terminate()
+            bare.wait(timeout=30)
         server.send_signal(signal.SIGINT)
         try:
             server.wait(timeout=60)
@@ -336,6 +366,18 @@ def main(argv: list[str] | None = None) -> int:
         },
         "targets": {"sequential_p50_ms_max": 1.5, "req_per_s_8_clients_min": 1500},
     }
+    if bare_seq:
+        b_p50, b_rps = med(r["p50_ms"] for r in bare_seq), med(r["req_per_s"] for r in bare_conc)
+        result["bare_asgi"] = {"sequential": {"p50_ms": b_p50, "p99_ms": med(r["p99_ms"] for r in bare_seq),
+                                              "runs": bare_seq},
+                               "concurrent": {"req_per_s": b_rps, "p50_ms": med(r["p50_ms"] for r in bare_conc),
+                                              "runs": bare_conc}}
+        result["ratios_serve_over_bare"] = {"sequential_p50": round(seq_p50 / b_p50, 3),
+                                            "req_per_s": round(result["concurrent"]["req_per_s"] / b_rps, 3)}
+        result["goals"] = {"sequential_p50_ms_max": 0.4, "req_per_s_at_least_bare": True,
+                           "met": bool(seq_p50 <= 0.4 and result["concurrent"]["req_per_s"] >= b_rps)}
+    result["host"]["loadavg_before"] = load_before
+    result["host"]["note"] = "Serve and the bare baseline alternate phase by phase; compare ratios, not absolute ms"
     result["targets"]["met"] = bool(seq_p50 <= 1.5 and result["concurrent"]["req_per_s"] >= 1500)
     if args.keep:
         print(f"kept {work}")
@@ -346,6 +388,12 @@ def main(argv: list[str] | None = None) -> int:
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps({k: result[k] for k in ("sequential", "concurrent", "breakdown_ms")}, indent=1, default=str)[:3000])
     print(f"wrote {out}")
+    if bare_seq:
+        sys.path.insert(0, str(REPO / "bench"))
+        import benchkit
+
+        benchkit.bar_png("serve_bench", f"{args.clients}-client throughput (median), same client",
+                         ["Ray Serve", "bare ASGI"], [result["concurrent"]["req_per_s"], b_rps], "req/s")
     return 0
 
 

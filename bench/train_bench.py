@@ -4,7 +4,10 @@ Runs `python -m trainer` (the default `make train` job) and Stable-Baselines3 PP
 alternately, N rounds each, on the same machine, and reports medians and the ratio. Writes
 bench/results/train_bench.json. The machine is shared and noisy: read the ratio, not the absolute seconds.
 
-    .venv/bin/python bench/train_bench.py [--rounds 3] [--target 450]
+    .venv/bin/python bench/train_bench.py [--rounds 3] [--target 450] [--variant NAME="override override ..."]
+
+--variant adds a run of the trainer with extra Hydra overrides (e.g. a candidate cartpole_ppo setting), interleaved
+with the others, so a change's before/after is measured in the same invocation.
 """
 
 from __future__ import annotations
@@ -17,7 +20,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -34,26 +36,23 @@ def ensure_sb3() -> None:
 
 
 def run(cmd: list[str], env: dict[str, str]) -> dict:
-    t0 = time.time()
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
-    wall = time.time() - t0
-    if proc.returncode != 0:
-        raise RuntimeError(f"{cmd} failed:\n{proc.stderr[-3000:]}")
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
-    out["process_wall_s"] = round(wall, 2)
-    return out
+    sys.path.insert(0, str(REPO / "bench"))
+    import benchkit
+
+    return benchkit.timed_json_run(cmd, env)
 
 
-def ours(target: float) -> dict:
+def ours(target: float, overrides: tuple[str, ...] = ()) -> dict:
     out_dir = tempfile.mkdtemp(prefix="bench-train-")
     env = dict(os.environ)
     env.pop("RAY_ADDRESS", None)
     s = run([sys.executable, "-m", "trainer", f"output_dir={out_dir}", f"stop.episode_return_mean={target}",
-             f"resources.ray_tmp_dir={tempfile.mkdtemp(prefix='rb', dir='/tmp')}"], env)
+             f"resources.ray_tmp_dir={tempfile.mkdtemp(prefix='rb', dir='/tmp')}", *overrides], env)
     # Time to solved = process wall minus the post-solve work (final checkpoint, PNG, Ray shutdown) is not
     # subtracted: the user waits for all of it.
     return {"solved": (s["episode_return_mean"] or 0) >= target, "env_steps": s["env_steps"],
-            "episode_return_mean": s["episode_return_mean"], "wall_s": s["process_wall_s"]}
+            "episode_return_mean": s["episode_return_mean"], "wall_s": s["process_wall_s"],
+            "iterations": s.get("iterations"), "startup": s.get("startup")}
 
 
 def sb3(target: float) -> dict:
@@ -67,11 +66,17 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--target", type=float, default=450.0)
+    ap.add_argument("--variant", action="append", default=[], help='NAME="hydra overrides" (repeatable)')
     args = ap.parse_args()
+    load = os.getloadavg()
     ensure_sb3()
-    results: dict[str, list[dict]] = {"rl_platform": [], "sb3_rlzoo": []}
+    runners = {"rl_platform": ours, "sb3_rlzoo": sb3}
+    for v in args.variant:
+        name, _, overrides = v.partition("=")
+        runners[name] = lambda target, o=tuple(overrides.split()): ours(target, o)
+    results: dict[str, list[dict]] = {name: [] for name in runners}
     for i in range(args.rounds):
-        for name, fn in (("rl_platform", ours), ("sb3_rlzoo", sb3)):
+        for name, fn in runners.items():
             r = fn(args.target)
             results[name].append(r)
             print(f"round {i + 1} {name:12s} wall {r['wall_s']:6.1f}s  steps {r['env_steps']:>7,}  "
@@ -80,10 +85,19 @@ def main() -> None:
                "env_steps": statistics.median(r["env_steps"] for r in v),
                "solved": sum(r["solved"] for r in v)} for k, v in results.items()}
     ratio = med["rl_platform"]["wall_s"] / med["sb3_rlzoo"]["wall_s"]
+    ratios = {k: round(m["wall_s"] / med["sb3_rlzoo"]["wall_s"], 3) for k, m in med.items() if k != "sb3_rlzoo"}
     report = {"target": args.target, "rounds": args.rounds, "median": med, "wall_ratio_ours_over_sb3": round(ratio, 3),
+              "wall_ratio_over_sb3": ratios, "variants": args.variant,
               "runs": results, "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
-                                           "loadavg_at_end": os.getloadavg()},
+                                           "loadavg_before": load, "loadavg_at_end": os.getloadavg(),
+                                           "note": "runs interleaved; compare ratios, not seconds"},
               "command": "bench/train_bench.py " + " ".join(sys.argv[1:])}
+    sys.path.insert(0, str(REPO / "bench"))
+    import benchkit
+
+    benchkit.bar_png("train_bench", f"process start -> CartPole solved ({args.target:g}), median wall", list(med),
+                     [m["wall_s"] for m in med.values()], "seconds", peer=med["sb3_rlzoo"]["wall_s"],
+                     peer_label="SB3 rl-zoo PPO")
     out = REPO / "bench" / "results" / "train_bench.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")

@@ -21,8 +21,12 @@ RUN if ls /tmp/certs/*.crt >/dev/null 2>&1; then \
 FROM pybase AS fetch
 ARG PIPCHECK_REQUIREMENT=prometheus-client==0.26.0
 ARG PIPCHECK_NONCE=0
+# The building machine's pip indexes (hack/images.sh passes them; empty = pip's default).
+ARG PKG_INDEX_URL=
+ARG PKG_EXTRA_INDEX_URL=
 RUN echo "pipcheck ${PIPCHECK_NONCE}" \
- && pip download --retries 1 --no-deps --only-binary=:all: -d /tmp/wheels "${PIPCHECK_REQUIREMENT}" \
+ && pip download --retries 1 --no-deps --only-binary=:all: ${PKG_INDEX_URL:+--index-url "${PKG_INDEX_URL}"} \
+      ${PKG_EXTRA_INDEX_URL:+--extra-index-url "${PKG_EXTRA_INDEX_URL}"} -d /tmp/wheels "${PIPCHECK_REQUIREMENT}" \
  && ls -l /tmp/wheels
 
 FROM ${BASE_IMAGE}

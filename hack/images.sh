@@ -23,13 +23,18 @@
 #
 # Environment (all optional):
 #   RLP_CACHE            cache root (default ~/.cache/rl-platform): base/ rootfs tars, wheels/<key>/ wheelhouses
-#   IMAGE_CPU IMAGE_GPU  tags (default: from mk/versions.mk, else rl-platform:0.1.0-{cpu,gpu})
+#   IMAGE_CPU IMAGE_GPU  tags (default: IMAGE_CPU / IMAGE_GPU of mk/versions.mk; the version part of the tag also
+#                        becomes the image's org.opencontainers.image.version label)
 #   BASE_IMAGE           base image tag (default debian:bookworm-slim); created locally when missing
 #   DEBIAN_RELEASE       debootstrap suite for a locally made base (default bookworm; must give Python 3.11)
-#   DEBIAN_MIRROR        debootstrap mirror (default http://deb.debian.org/debian)
-#   TORCH_INDEX_URL      index for torch (default: PyPI, the CUDA build). For a CPU-only torch in the CPU image:
-#                        TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu (~2.5 GB smaller)
-#   TORCH_INDEX_URL_GPU  the same for the GPU image (default: PyPI)
+#   DEBIAN_MIRROR        debootstrap mirror (default: this machine's apt archive, docker/host_indexes.py)
+#   DEBIAN_SECURITY_MIRROR  security archive written into a locally made base (default: this machine's)
+#   TORCH_INDEX_URL      index for torch alone (default: the pip index, the CUDA build). For a CPU-only torch in the
+#                        CPU image: PyTorch's CPU wheel index (.../whl/cpu, ~2.5 GB smaller)
+#   TORCH_INDEX_URL_GPU  the same for the GPU image (default: the pip index)
+# Package indexes are never written in this repo: pip's come from this machine's pip configuration
+# (PIP_INDEX_URL / PIP_EXTRA_INDEX_URL or `pip config`) and are passed to the builds as PKG_INDEX_URL /
+# PKG_EXTRA_INDEX_URL; apt's from /etc/apt (docker/host_indexes.py prints what it found).
 #   RLP_WHEELHOUSE       1 (default): install from the host wheelhouse; 0: pip inside the build uses the index
 #   RLP_WHEELHOUSE_PORT  loopback port the wheelhouse is served on during a build (default 38517)
 #   RLP_CA_BUNDLE        PEM bundle pip inside the build must trust (default: $PIP_CERT, else the host's
@@ -47,7 +52,8 @@ CACHE="${RLP_CACHE:-${HOME}/.cache/rl-platform}"
 DOCKER="${DOCKER:-docker}"
 BASE_IMAGE="${BASE_IMAGE:-debian:bookworm-slim}"
 DEBIAN_RELEASE="${DEBIAN_RELEASE:-bookworm}"
-DEBIAN_MIRROR="${DEBIAN_MIRROR:-http://deb.debian.org/debian}"
+DEBIAN_MIRROR="${DEBIAN_MIRROR:-}"
+DEBIAN_SECURITY_MIRROR="${DEBIAN_SECURITY_MIRROR:-}"
 WHEELHOUSE_PORT="${RLP_WHEELHOUSE_PORT:-38517}"
 USE_WHEELHOUSE="${RLP_WHEELHOUSE:-1}"
 PIPCHECK_IMAGE="${PIPCHECK_IMAGE:-rl-platform-pipcheck:latest}"
@@ -65,12 +71,41 @@ mkvar() { # mkvar NAME -> value of `NAME := value` in mk/versions.mk (empty when
   [[ -f mk/versions.mk ]] || return 0
   sed -n "s/^$1[[:space:]]*[:?]\{0,1\}=[[:space:]]*\(.*[^[:space:]]\)[[:space:]]*$/\1/p" mk/versions.mk | tail -n1
 }
-IMAGE_REPO="${IMAGE_REPO:-rl-platform}"
-VERSION="${VERSION:-0.1.0}"
-IMAGE_CPU="${IMAGE_CPU:-$(mkvar IMAGE_CPU)}"; IMAGE_CPU="${IMAGE_CPU:-${IMAGE_REPO}:${VERSION}-cpu}"
-IMAGE_GPU="${IMAGE_GPU:-$(mkvar IMAGE_GPU)}"; IMAGE_GPU="${IMAGE_GPU:-${IMAGE_REPO}:${VERSION}-gpu}"
+IMAGE_CPU="${IMAGE_CPU:-$(mkvar IMAGE_CPU)}"
+IMAGE_GPU="${IMAGE_GPU:-$(mkvar IMAGE_GPU)}"
 
-image_of() { case "$1" in cpu) echo "${IMAGE_CPU}" ;; gpu) echo "${IMAGE_GPU}" ;; *) die "unknown flavour '$1' (cpu|gpu)" ;; esac; }
+# This machine's package indexes (docker/host_indexes.py), read once: HOST_PKG_INDEX_URL, HOST_PKG_EXTRA_INDEX_URL,
+# HOST_APT_MIRROR, HOST_APT_SECURITY_MIRROR (empty when unset here).
+HOST_INDEXES_LOADED=0
+load_host_indexes() {
+  ((HOST_INDEXES_LOADED)) && return 0
+  local py="${PYTHON:-}" line
+  if [[ -z "${py}" ]]; then
+    if [[ -x "${ROOT}/.venv/bin/python" ]]; then py="${ROOT}/.venv/bin/python"; else py="python3"; fi
+  fi
+  HOST_PKG_INDEX_URL="" HOST_PKG_EXTRA_INDEX_URL="" HOST_APT_MIRROR="" HOST_APT_SECURITY_MIRROR=""
+  while IFS= read -r line; do
+    case "${line}" in
+      PKG_INDEX_URL=* | PKG_EXTRA_INDEX_URL=* | APT_MIRROR=* | APT_SECURITY_MIRROR=*)
+        printf -v "HOST_${line%%=*}" '%s' "${line#*=}" ;;
+    esac
+  done < <(python3 "${ROOT}/docker/host_indexes.py" --pip "${py}")
+  HOST_INDEXES_LOADED=1
+}
+# --build-arg flags handing this machine's pip indexes to a build, one word per line.
+pip_index_args() {
+  load_host_indexes
+  if [[ -n "${HOST_PKG_INDEX_URL}" ]]; then echo "--build-arg"; echo "PKG_INDEX_URL=${HOST_PKG_INDEX_URL}"; fi
+  if [[ -n "${HOST_PKG_EXTRA_INDEX_URL}" ]]; then echo "--build-arg"; echo "PKG_EXTRA_INDEX_URL=${HOST_PKG_EXTRA_INDEX_URL}"; fi
+}
+
+image_of() {
+  local image
+  case "$1" in cpu) image="${IMAGE_CPU}" ;; gpu) image="${IMAGE_GPU}" ;; *) die "unknown flavour '$1' (cpu|gpu)" ;; esac
+  [[ -n "${image}" ]] || die "no tag for the $1 image: mk/versions.mk has no IMAGE_${1^^} (or set IMAGE_${1^^})"
+  echo "${image}"
+}
+image_version() { local tag="${1##*:}"; echo "${tag%-*}"; } # <repo>:<version>-<flavour> -> <version>
 torch_index_of() { case "$1" in cpu) echo "${TORCH_INDEX_URL:-}" ;; gpu) echo "${TORCH_INDEX_URL_GPU:-}" ;; esac; }
 
 # ---------------------------------------------------------------------------------------------------- engine
@@ -148,11 +183,15 @@ ensure_base() {
     log "pulled ${BASE_IMAGE}"
     return 0
   fi
+  load_host_indexes
+  DEBIAN_MIRROR="${DEBIAN_MIRROR:-${HOST_APT_MIRROR}}"
+  DEBIAN_SECURITY_MIRROR="${DEBIAN_SECURITY_MIRROR:-${HOST_APT_SECURITY_MIRROR}}"
   local arch tarball
   arch="$(dpkg --print-architecture 2>/dev/null || echo amd64)"
   tarball="${CACHE}/base/debian-${DEBIAN_RELEASE}-minbase-${arch}.tar"
   if [[ ! -s "${tarball}" ]]; then
     need debootstrap "apt-get install -y debootstrap"
+    [[ -n "${DEBIAN_MIRROR}" ]] || die "no Debian archive in this machine's apt sources (/etc/apt): set DEBIAN_MIRROR"
     [[ "$(id -u)" == 0 ]] || die "debootstrap needs root"
     mkdir -p "${CACHE}/base"
     local rootfs
@@ -205,8 +244,12 @@ EOF
     cat >"${r}/etc/apt/sources.list" <<EOF
 deb ${DEBIAN_MIRROR} ${DEBIAN_RELEASE} main
 deb ${DEBIAN_MIRROR} ${DEBIAN_RELEASE}-updates main
-deb http://deb.debian.org/debian-security ${DEBIAN_RELEASE}-security main
 EOF
+    if [[ -n "${DEBIAN_SECURITY_MIRROR}" ]]; then
+      echo "deb ${DEBIAN_SECURITY_MIRROR} ${DEBIAN_RELEASE}-security main" >>"${r}/etc/apt/sources.list"
+    else
+      log "no security archive in this machine's apt sources: the base image gets none (set DEBIAN_SECURITY_MIRROR)"
+    fi
   fi
   find "${r}/usr/share/doc" -mindepth 1 -not -name copyright -not -type d -delete 2>/dev/null || true
   rm -rf "${r}/usr/share/man/"* "${r}/usr/share/info/"* "${r}/var/lib/apt/lists/"* \
@@ -233,6 +276,8 @@ wheel_key() { # wheel_key FLAVOUR -> short hash of everything that decides the w
   {
     deps_file
     echo "torch-index=$(torch_index_of "$1")"
+    load_host_indexes
+    echo "pip-index=${HOST_PKG_INDEX_URL} extra=${HOST_PKG_EXTRA_INDEX_URL}"
     echo "python=3.11 platform=$(uname -m) glibc=$(ldd --version 2>/dev/null | head -n1 | awk '{print $NF}')"
     echo "extra=setuptools>=68 wheel"
   } | sha256sum | cut -c1-16
@@ -253,8 +298,9 @@ ensure_wheels() { # ensure_wheels FLAVOUR -> prints the wheelhouse dir
   deps_file >"${reqs}"
   log "filling wheelhouse ${dir} (pip wheel; ~2.9 GB the first time)"
   if [[ -n "${idx}" ]]; then
-    # torch (and its own deps) from the chosen index first; everything else then resolves against it.
-    "${py}" -m pip wheel --quiet --wheel-dir "${tmp}" --index-url "${idx}" --extra-index-url https://pypi.org/simple \
+    # torch alone from its index first; its dependencies and everything else then come from this machine's pip
+    # index, the torch wheel being found in the wheelhouse (--find-links).
+    "${py}" -m pip wheel --quiet --no-deps --wheel-dir "${tmp}" --index-url "${idx}" \
       "$(grep -E '^torch([=<>~! ]|$)' "${reqs}")" >&2
   fi
   "${py}" -m pip wheel --quiet --wheel-dir "${tmp}" --find-links "${tmp}" -r "${reqs}" "setuptools>=68" wheel >&2
@@ -309,8 +355,11 @@ build_one() { # build_one FLAVOUR
   dockerfile="Dockerfile.${flavour}"
   idx="$(torch_index_of "${flavour}")"
   local args=(--network host -f "${dockerfile}" -t "${image}" --build-arg "BASE_IMAGE=${BASE_IMAGE}"
+    --build-arg "IMAGE_VERSION=$(image_version "${image}")"
     --label "org.opencontainers.image.revision=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)")
   if [[ -n "${idx}" ]]; then args+=(--build-arg "TORCH_INDEX_URL=${idx}"); fi
+  local a
+  while IFS= read -r a; do args+=("${a}"); done < <(pip_index_args)
   if [[ "${USE_WHEELHOUSE}" == 1 ]]; then
     wh_dir="$(ensure_wheels "${flavour}")"
     wh_url="http://127.0.0.1:${WHEELHOUSE_PORT}/$(basename "${wh_dir}")/"
@@ -343,9 +392,11 @@ pipcheck() {
   stage_ca
   log "pipcheck: pip in a builder stage downloads from the index through the staged CA"
   # A fresh nonce: the download must really happen now, not come from the build cache.
+  local idx_args=() a
+  while IFS= read -r a; do idx_args+=("${a}"); done < <(pip_index_args)
   set +e
   "${DOCKER}" build --force-rm --network host -f docker/pipcheck.Dockerfile --build-arg "BASE_IMAGE=${BASE_IMAGE}" \
-    --build-arg "PIPCHECK_NONCE=$(date +%s%N)" -t "${PIPCHECK_IMAGE}" . >&2
+    ${idx_args[@]+"${idx_args[@]}"} --build-arg "PIPCHECK_NONCE=$(date +%s%N)" -t "${PIPCHECK_IMAGE}" . >&2
   local rc=$?
   set -e
   unstage_ca

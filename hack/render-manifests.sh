@@ -33,6 +33,7 @@ render() {
 }
 render k8s/values/cartpole.yaml templates/rayjob.yaml k8s/jobs/cartpole.yaml
 render k8s/values/pong.yaml templates/rayjob.yaml k8s/jobs/pong.yaml
+render k8s/values/pong-ddp.yaml templates/rayjob.yaml k8s/jobs/pong-ddp.yaml
 render k8s/values/serve.yaml templates/rayservice.yaml k8s/serve/rayservice.yaml
 
 # The chart README (values table from the `# --` comments of values.yaml).

@@ -5,10 +5,13 @@
 # Versions come from mk/versions.mk (the only place they are written down).
 #
 # Usage: hack/tools.sh [all|helm|kubeconform|helm-unittest|k8s-schemas|kuberay|prometheus-operator|promtool|
-#                       pod-security-check|kind|kuberay-operator-binary|env]
+#                       prometheus|pod-security-check|kind|kuberay-operator-binary|cluster|prometheus-k8s|env]
 #   all (default)  helm, kubeconform, helm-unittest, Kubernetes + KubeRay + prometheus-operator schemas, promtool,
-#                  pod-security-check (what `make test` needs)
+#                  pod-security-check, the Prometheus server (what `make test` needs)
 #   kind, kuberay-operator-binary   on demand (`make deploy-cluster`, running the operator outside a cluster)
+#   cluster        what the local cluster tier needs (hack/cluster.sh, tests/k8s): Kubernetes, etcd, kwok, CoreDNS,
+#                  the pause image, the KubeRay operator binary, and prometheus-k8s (upstream Prometheus + promtool
+#                  with kubernetes_sd, to scrape the chart's PodMonitors)
 #   env            print NAME=path lines for the tools (used by mk/k8s.mk, hack/*.sh and tests/chart)
 # Idempotent: every item is built into a temporary folder and renamed into place when complete, and an item
 # whose final folder exists is not rebuilt, so a warm run only checks a handful of paths.
@@ -34,12 +37,25 @@ PROMETHEUS_OPERATOR_VERSION="$(ver PROMETHEUS_OPERATOR_VERSION)"
 KUBERNETES_VALIDATE_VERSION="$(ver KUBERNETES_VALIDATE_VERSION)"
 KUBE_VERSION="$(ver KUBE_VERSION)"
 PSA_VERSION="$(ver POD_SECURITY_ADMISSION_VERSION)"
+KUBERNETES_VERSION="$(ver KUBERNETES_VERSION)"
+ETCD_VERSION="$(ver ETCD_VERSION)"
+KWOK_VERSION="$(ver KWOK_VERSION)"
+COREDNS_VERSION="$(ver COREDNS_VERSION)"
+PROMETHEUS_K8S_VERSION="$(ver PROMETHEUS_K8S_VERSION)"
 
 CACHE="${RLP_CACHE:-${HOME}/.cache/rl-platform}/tools"
 HELM_DIR="${CACHE}/helm-${HELM_VERSION}"
 KUBECONFORM_DIR="${CACHE}/kubeconform-${KUBECONFORM_VERSION}"
 HELM_UNITTEST_DIR="${CACHE}/helm-unittest-${HELM_UNITTEST_VERSION}-helm-${HELM_VERSION}"
 KIND_DIR="${CACHE}/kind-${KIND_VERSION}"
+# The local cluster tier (hack/cluster.sh): Kubernetes binaries of one release, etcd, kwok, CoreDNS, a pause image.
+K8S_BIN_DIR="${CACHE}/kubernetes-${KUBERNETES_VERSION}"
+K8S_COMPONENTS=(kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy)
+ETCD_DIR="${CACHE}/etcd-${ETCD_VERSION}"
+KWOK_DIR="${CACHE}/kwok-${KWOK_VERSION}"
+COREDNS_DIR="${CACHE}/coredns-${COREDNS_VERSION}"
+PAUSE_DIR="${CACHE}/pause-${KUBERNETES_VERSION}"
+PROMETHEUS_K8S_DIR="${CACHE}/prometheus-k8s-${PROMETHEUS_K8S_VERSION}"
 # The KubeRay CRDs/operator come from the ray-operator module of KUBERAY_VERSION, or (only while that version's zip
 # is not served) of KUBERAY_CRD_FALLBACK_VERSION; the folder name says which one was used.
 kuberay_dir() { printf '%s/kuberay-%s' "${CACHE}" "$1"; }
@@ -172,14 +188,17 @@ build_pod_security_check() {
   publish "${t}" "${PSA_DIR}"
 }
 
-build_kind() {
-  [[ -x "${KIND_DIR}/bin/kind" ]] && return 0
+# go_install DIR BINARY MODULE@VERSION: a plain `go install` of one command into DIR/bin (kept when it exists).
+go_install() {
+  [[ -x "$1/bin/$2" ]] && return 0
   need go "Go toolchain"
-  log "building kind v${KIND_VERSION}"
-  local t; stage "${KIND_DIR}"; t="${T}"
-  GOBIN="${t}/bin" CGO_ENABLED=0 go install -trimpath -ldflags "-s -w" "sigs.k8s.io/kind@v${KIND_VERSION}"
-  publish "${t}" "${KIND_DIR}"
+  log "building $2 ${3##*@}"
+  local t; stage "$1"; t="${T}"
+  GOBIN="${t}/bin" CGO_ENABLED=0 go install -trimpath -ldflags "-s -w" "$3"
+  publish "${t}" "$1"
 }
+
+build_kind() { go_install "${KIND_DIR}" kind "sigs.k8s.io/kind@v${KIND_VERSION}"; }
 
 # convert_crds SRC_GLOB... -> JSON schemas named {kind}_{version}.json in ./ (run inside the target folder)
 convert_crds() {
@@ -291,6 +310,148 @@ fetch_promtool() {
   publish "${t}" "${dir}"
 }
 
+# The Prometheus server of the same Debian package (the live monitoring test, `make monitor`), in its own folder so
+# a cached promtool-only folder stays valid: prometheus-<package version>/bin/{prometheus,promtool}.
+prometheus_dir() { local d; d="$(promtool_dir || true)"; [[ -n "${d}" ]] && printf '%s/prometheus-%s' "${CACHE}" "${d##*/promtool-}"; }
+fetch_prometheus() {
+  fetch_promtool
+  local dir; dir="$(prometheus_dir || true)"
+  [[ -n "${dir}" ]] || { log "WARNING: no Debian prometheus package visible to apt: prometheus not fetched"; return 0; }
+  [[ -x "${dir}/bin/prometheus" ]] && return 0
+  log "fetching the Prometheus server from Debian package prometheus (${dir##*/prometheus-})"
+  local t; stage "${dir}"; t="${T}"
+  (cd "${t}" && apt-get download -qq "prometheus=${dir##*/prometheus-}" 2>/dev/null && dpkg-deb -x prometheus_*.deb root)
+  mkdir -p "${t}/bin" && mv "${t}/root/usr/bin/prometheus" "${t}/root/usr/bin/promtool" "${t}/bin/"
+  rm -rf "${t}/root" "${t}"/prometheus_*.deb
+  publish "${t}" "${dir}"
+}
+
+# wrapper_module DIR MODULE_PATH GO_VERSION: an empty main module in DIR to resolve and build upstream commands that
+# `go install mod@v` refuses (their go.mod has replace directives). Callers append require/replace lines.
+wrapper_module() {
+  mkdir -p "$1"
+  printf 'module %s\n\ngo %s\n' "$2" "$3" > "$1/go.mod"
+}
+
+# Kubernetes: k8s.io/kubernetes requires its 31 staging modules at v0.0.0 and replaces them with ./staging/src
+# folders; as a dependency those replaces are ignored, so the wrapper repeats them with the published k8s.io/X
+# modules of the same release. The version ldflags are the ones hack/lib/version.sh sets: without them /version
+# says v0.0.0-master and helm's kubeVersion check fails.
+build_kubernetes() {
+  local c ok=1
+  for c in "${K8S_COMPONENTS[@]}"; do [[ -x "${K8S_BIN_DIR}/bin/${c}" ]] || ok=0; done
+  [[ "${ok}" == 1 ]] && return 0
+  need go "Go toolchain"
+  log "building Kubernetes v${KUBERNETES_VERSION}: ${K8S_COMPONENTS[*]} (cold: 15-25 min on 2 cores)"
+  local t kmod w minor="${KUBERNETES_VERSION#*.}"; minor="${minor%%.*}"
+  stage "${K8S_BIN_DIR}"; t="${T}"; w="${t}/wrapper"
+  kmod="$(go mod download -json "k8s.io/kubernetes@v${KUBERNETES_VERSION}" | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",\{0,1\}$/\1/p')"
+  wrapper_module "${w}" rlplatform.local/tools/kubernetes "$(sed -n 's/^go \(.*\)$/\1/p' "${kmod}")"
+  {
+    grep '^godebug ' "${kmod}" || true
+    echo "require k8s.io/kubernetes v${KUBERNETES_VERSION}"
+    sed -n 's#^[[:space:]]*\(k8s.io/[^[:space:]]*\) => ./staging/.*#replace \1 => \1 v0.'"${KUBERNETES_VERSION#*.}"'#p' "${kmod}"
+  } >> "${w}/go.mod"
+  local pkgs=(); for c in "${K8S_COMPONENTS[@]}"; do pkgs+=("k8s.io/kubernetes/cmd/${c}"); done
+  (cd "${w}" && go get "${pkgs[@]/%/@v${KUBERNETES_VERSION}}" 2>&1 | grep -v '^go: \(downloading\|added\|upgraded\)' >&2 || true)
+  local lf="-s -w" key val
+  for kv in "gitVersion=v${KUBERNETES_VERSION}" gitMajor=1 "gitMinor=${minor}" gitTreeState=clean \
+            "buildDate=$(date -u +%Y-%m-%dT%H:%M:%SZ)"; do
+    key="${kv%%=*}"; val="${kv#*=}"
+    lf+=" -X k8s.io/client-go/pkg/version.${key}=${val} -X k8s.io/component-base/version.${key}=${val}"
+  done
+  mkdir -p "${t}/bin"
+  (cd "${w}" && CGO_ENABLED=0 go build -trimpath -ldflags "${lf}" -o "${t}/bin/" "${pkgs[@]}")
+  rm -rf "${w}"
+  publish "${t}" "${K8S_BIN_DIR}"
+}
+
+# etcd: its server module's own replaces are ignored as a dependency, which is fine for the server binary.
+build_etcd() {
+  [[ -x "${ETCD_DIR}/bin/etcd" ]] && return 0
+  need go "Go toolchain"
+  log "building etcd v${ETCD_VERSION}"
+  local t w; stage "${ETCD_DIR}"; t="${T}"; w="${t}/wrapper"
+  wrapper_module "${w}" rlplatform.local/tools/etcd 1.24
+  (cd "${w}" && go get "go.etcd.io/etcd/server/v3@v${ETCD_VERSION}" 2>&1 | grep -v '^go: \(downloading\|added\|upgraded\)' >&2 || true)
+  mkdir -p "${t}/bin"
+  (cd "${w}" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "${t}/bin/etcd" go.etcd.io/etcd/server/v3)
+  rm -rf "${w}"
+  publish "${t}" "${ETCD_DIR}"
+}
+
+# kwok: the fake kubelet that runs the GPU (and scale-test) nodes, with the module's own "fast" stages (nodes Ready
+# at once, pods Running/Ready at once, Job pods Completed, deletions honoured) as one config file, stages.yaml.
+build_kwok() {
+  [[ -x "${KWOK_DIR}/bin/kwok" && -s "${KWOK_DIR}/stages.yaml" ]] && return 0
+  need go "Go toolchain"
+  log "building kwok v${KWOK_VERSION}"
+  local t src f; stage "${KWOK_DIR}"; t="${T}"
+  GOBIN="${t}/bin" CGO_ENABLED=0 go install -trimpath \
+    -ldflags "-s -w -X sigs.k8s.io/kwok/pkg/consts.Version=v${KWOK_VERSION}" "sigs.k8s.io/kwok/cmd/kwok@v${KWOK_VERSION}"
+  src="$(moddir "sigs.k8s.io/kwok@v${KWOK_VERSION}")/kustomize/stage"
+  for f in node/fast/node-initialize.yaml pod/fast/pod-ready.yaml pod/fast/pod-complete.yaml pod/fast/pod-delete.yaml; do
+    echo "---"; cat "${src}/${f}"
+  done > "${t}/stages.yaml"
+  rm -rf "${KWOK_DIR}"  # an older folder without stages.yaml
+  publish "${t}" "${KWOK_DIR}"
+}
+
+# CoreDNS: cluster DNS (K8sJobMode RayJobs resolve the head Service by name). Run on the host, no forwarder.
+build_coredns() { go_install "${COREDNS_DIR}" coredns "github.com/coredns/coredns@v${COREDNS_VERSION}"; }
+
+# The pod sandbox ("pause") image: pause.c from the same Kubernetes release, static, as an OCI image tarball
+# (docker-archive layout, importable by `ctr images import`) built without Docker or any registry.
+build_pause() {
+  [[ -f "${PAUSE_DIR}/pause.tar" ]] && return 0
+  need cc "a C compiler (gcc)"
+  log "building the pause image from k8s.io/kubernetes@v${KUBERNETES_VERSION} build/pause/linux/pause.c"
+  local t src; stage "${PAUSE_DIR}"; t="${T}"
+  src="$(moddir "k8s.io/kubernetes@v${KUBERNETES_VERSION}")"
+  mkdir -p "${t}/rootfs"
+  cc -Os -Wall -Werror -static -DVERSION="v${KUBERNETES_VERSION}-rl-platform" -o "${t}/rootfs/pause" "${src}/build/pause/linux/pause.c"
+  strip "${t}/rootfs/pause" 2>/dev/null || true
+  "${PYTHON_SYS:-python3}" "${ROOT}/hack/cluster/oci-image.py" --rootfs "${t}/rootfs" --entrypoint /pause \
+    --user 65535:65535 --tag "registry.k8s.io/pause:rl-platform-${KUBERNETES_VERSION}" --out "${t}/pause.tar"
+  rm -rf "${t}/rootfs"
+  publish "${t}" "${PAUSE_DIR}"
+}
+
+# The upstream Prometheus server and promtool with kubernetes_sd (the cluster tier scrapes the chart's PodMonitors
+# with the config hack/promconfig.py generates from them). Release 3.M.P is Go module v0.<3*100+M>.P; its go.mod has no
+# replace directives, so a plain `go install` builds it. Build tags as upstream's .promu.yml minus `builtinassets`
+# (no web UI: the HTTP API is all a test queries), plus plugins/'s `remove_all_sd enable_kubernetes_sd` so only the
+# kubernetes (and the always-built file/http) discovery is linked. Version ldflags as upstream's, so `--version` and
+# /api/v1/status/buildinfo say which release runs; the module proxy gives no commit, so revision is the module version.
+build_prometheus_k8s() {
+  [[ -x "${PROMETHEUS_K8S_DIR}/bin/prometheus" && -x "${PROMETHEUS_K8S_DIR}/bin/promtool" ]] && return 0
+  need go "Go toolchain"
+  local v="${PROMETHEUS_K8S_VERSION}" major minor patch t
+  IFS=. read -r major minor patch <<<"${v}"
+  local mv="v0.$((major * 100 + minor)).${patch}" pkg="github.com/prometheus/prometheus/cmd"
+  log "building prometheus + promtool ${v} (module ${mv}) with kubernetes_sd only"
+  stage "${PROMETHEUS_K8S_DIR}"; t="${T}"
+  local lf="-s -w" cv="github.com/prometheus/common/version"
+  lf+=" -X ${cv}.Version=${v} -X ${cv}.Revision=${mv} -X ${cv}.Branch=HEAD"
+  lf+=" -X ${cv}.BuildUser=rl-platform@hack/tools.sh -X ${cv}.BuildDate=$(date -u +%Y%m%d-%H:%M:%S)"
+  GOBIN="${t}/bin" CGO_ENABLED=0 go install -trimpath -tags "netgo remove_all_sd enable_kubernetes_sd" -ldflags "${lf}" \
+    "${pkg}/prometheus@${mv}" "${pkg}/promtool@${mv}"
+  publish "${t}" "${PROMETHEUS_K8S_DIR}"
+}
+
+cluster_tools() { # everything hack/cluster.sh needs, the independent builds two at a time
+  build_etcd & local p1=$!
+  build_kwok & local p2=$!
+  wait "${p1}" && wait "${p2}" || exit 1
+  timed build_kubernetes
+  build_kuberay_operator & p1=$!
+  build_coredns & p2=$!
+  wait "${p1}" && wait "${p2}" || exit 1
+  build_pause & p1=$!
+  timed build_prometheus_k8s & p2=$!
+  wait "${p1}" && wait "${p2}" || exit 1
+}
+
 print_env() {
   [[ -n "${KUBERAY_DIR}" ]] || KUBERAY_DIR="$(kuberay_dir "${KUBERAY_VERSION}")"
   cat <<EOF
@@ -306,7 +467,20 @@ PROMETHEUS_OPERATOR_CRDS=${PROMOP_DIR}/crds
 PROMETHEUS_OPERATOR_SCHEMAS=${PROMOP_DIR}/schemas
 K8S_SCHEMAS=${K8S_SCHEMA_DIR}
 PROMTOOL=$(d="$(promtool_dir || true)"; [[ -n "${d}" ]] && echo "${d}/bin/promtool")
+PROMETHEUS=$(d="$(prometheus_dir || true)"; [[ -n "${d}" ]] && echo "${d}/bin/prometheus")
 KUBE_VERSION=${KUBE_VERSION}
+KUBERNETES_VERSION=${KUBERNETES_VERSION}
+K8S_BIN=${K8S_BIN_DIR}/bin
+ETCD=${ETCD_DIR}/bin/etcd
+KWOK=${KWOK_DIR}/bin/kwok
+KWOK_STAGES=${KWOK_DIR}/stages.yaml
+COREDNS=${COREDNS_DIR}/bin/coredns
+PAUSE_IMAGE_TAR=${PAUSE_DIR}/pause.tar
+PAUSE_IMAGE=registry.k8s.io/pause:rl-platform-${KUBERNETES_VERSION}
+KUBERAY_OPERATOR=${KUBERAY_DIR}/bin/ray-operator
+PROMETHEUS_K8S=${PROMETHEUS_K8S_DIR}/bin/prometheus
+PROMTOOL_K8S=${PROMETHEUS_K8S_DIR}/bin/promtool
+PROMETHEUS_K8S_VERSION=${PROMETHEUS_K8S_VERSION}
 EOF
 }
 
@@ -316,7 +490,8 @@ main() {
   case "${1:-all}" in
     all)
       timed build_kubeconform; timed fetch_k8s_schemas; timed fetch_kuberay; timed fetch_prometheus_operator
-      timed build_helm; timed build_helm_unittest; timed build_pod_security_check; timed fetch_promtool ;;
+      timed build_helm; timed build_helm_unittest; timed build_pod_security_check; timed fetch_promtool
+      timed fetch_prometheus ;;
     helm) build_helm ;;
     kubeconform) build_kubeconform ;;
     helm-unittest) build_helm_unittest ;;
@@ -326,9 +501,17 @@ main() {
     kuberay-operator-binary) build_kuberay_operator ;;
     prometheus-operator) fetch_prometheus_operator ;;
     promtool) fetch_promtool ;;
+    prometheus) fetch_prometheus ;;
     pod-security-check) build_pod_security_check ;;
+    kubernetes) build_kubernetes ;;
+    etcd) build_etcd ;;
+    kwok) build_kwok ;;
+    coredns) build_coredns ;;
+    pause) build_pause ;;
+    prometheus-k8s) build_prometheus_k8s ;;
+    cluster) timed cluster_tools ;;
     env) print_env ;;
-    *) echo "usage: $0 [all|helm|kubeconform|helm-unittest|kind|k8s-schemas|kuberay|kuberay-operator-binary|prometheus-operator|promtool|pod-security-check|env]" >&2; exit 2 ;;
+    *) echo "usage: $0 [all|helm|kubeconform|helm-unittest|kind|k8s-schemas|kuberay|kuberay-operator-binary|prometheus-operator|promtool|prometheus|pod-security-check|kubernetes|etcd|kwok|coredns|pause|cluster|prometheus-k8s|env]" >&2; exit 2 ;;
   esac
 }
 

@@ -1,9 +1,5 @@
 # Container images (Dockerfile.cpu, Dockerfile.gpu): built by hack/images.sh with a local Docker engine, no registry.
-# See docker/README.md. Tags come from mk/versions.mk (IMAGE_CPU / IMAGE_GPU) when it defines them.
-IMAGE_REPO ?= rl-platform
-VERSION ?= 0.1.0
-IMAGE_CPU ?= $(IMAGE_REPO):$(VERSION)-cpu
-IMAGE_GPU ?= $(IMAGE_REPO):$(VERSION)-gpu
+# See docker/README.md. Tags: IMAGE_CPU / IMAGE_GPU of mk/versions.mk (the only place they are written).
 IMAGES_SH ?= hack/images.sh
 # The kind cluster `make deploy-cluster` (mk/k8s.mk) creates.
 KIND_CLUSTER ?= rl-platform

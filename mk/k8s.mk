@@ -6,7 +6,10 @@ endif
 
 RLP_CACHE ?= $(HOME)/.cache/rl-platform
 export RLP_CACHE
-# Cluster/namespace for `make deploy-cluster`; MONITORING=1 also installs kube-prometheus-stack.
+# `make deploy-cluster`: CLUSTER=local (the cluster tier of mk/cluster.mk, built here from registry sources) or
+# kind (Docker + internet); auto picks kind when a `kind` is on PATH and Docker answers, else local.
+# MONITORING=1 also installs kube-prometheus-stack (kind only).
+CLUSTER ?= auto
 KIND_CLUSTER ?= rl-platform
 K8S_NAMESPACE ?= rl-platform
 MONITORING ?= 0
@@ -35,8 +38,9 @@ lint-chart: tools ## helm lint --strict the chart with every ci/*-values.yaml
 test-chart: venv tools ## Chart tests only: helm lint, helm-unittest, kubeconform, schema rejections, manifest drift
 	$(PY) -m pytest -m chart tests/chart $(PYTEST_ARGS)
 
-deploy-cluster: tools kind-tool ## kind cluster + KubeRay operator (+ kube-prometheus-stack if MONITORING=1) + images + chart
-	KIND_CLUSTER=$(KIND_CLUSTER) K8S_NAMESPACE=$(K8S_NAMESPACE) MONITORING=$(MONITORING) hack/deploy-cluster.sh up
+deploy-cluster: tools ## Cluster (CLUSTER=auto|local|kind, LEVEL=a|b for local) + KubeRay operator + images + the chart release
+	CLUSTER=$(CLUSTER) LEVEL=$(LEVEL) KIND_CLUSTER=$(KIND_CLUSTER) K8S_NAMESPACE=$(K8S_NAMESPACE) MONITORING=$(MONITORING) \
+	  hack/deploy-cluster.sh up
 
-undeploy: ## Uninstall the chart and the operator releases and delete the kind cluster
-	KIND_CLUSTER=$(KIND_CLUSTER) K8S_NAMESPACE=$(K8S_NAMESPACE) hack/deploy-cluster.sh down
+undeploy: ## Uninstall the chart release and delete the cluster (kind) or stop it (local: cluster-down)
+	CLUSTER=$(CLUSTER) KIND_CLUSTER=$(KIND_CLUSTER) K8S_NAMESPACE=$(K8S_NAMESPACE) hack/deploy-cluster.sh down

@@ -1,5 +1,8 @@
 # Single source of versions for the Kubernetes half of rl-platform.
-# Plain `NAME := value` lines only: hack/tools.sh and tests/chart read this file too.
+# Plain `NAME := value` lines only: hack/tools.sh, hack/images.sh and tests/chart read this file too.
+# Derived from here: image tags and their version label (hack/images.sh, mk/images.mk, the Dockerfiles' build arg).
+# Copies that cannot read this file (pyproject.toml version and ray pin, Chart.yaml appVersion and annotations,
+# values.yaml image tags and ray.version, docs) are checked by tests/chart/test_chart_versions.py.
 
 # KubeRay: the upstream kuberay-operator chart, the ray.io CRDs (ray-operator Go module)
 # and the operator binary/image all use this one version.
@@ -31,3 +34,20 @@ KUBE_PROMETHEUS_STACK_VERSION := 79.0.0
 # Images built by the Dockerfiles in this repo.
 IMAGE_CPU := rl-platform:0.1.0-cpu
 IMAGE_GPU := rl-platform:0.1.0-gpu
+
+# The local cluster tier (hack/cluster.sh, `make cluster-up`): every component built from the Go module proxy
+# into $(RLP_CACHE)/tools/<component>-<version>/. One Kubernetes 1.34.x release for all its binaries: 1.35+ refuses
+# cgroup v1 by default (this project's CI machines are cgroup v1).
+KUBERNETES_VERSION := 1.34.4
+ETCD_VERSION := 3.6.16
+KWOK_VERSION := 0.8.0
+COREDNS_VERSION := 1.14.7
+# The upstream Prometheus server (github.com/prometheus/prometheus module v0.<major*100+minor>.<patch>), built with
+# only its kubernetes_sd discovery: the cluster tier scrapes the chart's PodMonitors through it. Debian's
+# prometheus package (the live test, `make monitor`) is built without kubernetes_sd.
+PROMETHEUS_K8S_VERSION := 3.16.0
+
+# Dashboard type check (tests/chart/test_chart_dashboard_schema.py): Grafana's published schema types (npm
+# @grafana/schema, Apache-2.0) checked by the TypeScript compiler, cached in $(RLP_CACHE)/grafana-schema-<v>-ts-<v>/.
+GRAFANA_SCHEMA_VERSION := 13.2.3
+TYPESCRIPT_VERSION := 5.9.3

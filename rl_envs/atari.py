@@ -1,16 +1,27 @@
 """Atari (ALE) envs with the standard preprocessing used by RLlib's new API stack.
 
-Per frame: no-op reset, max-and-skip 4, episodic life, fire reset, 64x64 greyscale warp, scale to [-1, 1].
+Per step: 64x64 greyscale warp and scale to [-1, 1] of each raw frame, then max over the last two of a 4-frame skip;
+no-op reset, episodic life, fire reset.
 Frame stacking (4) is done by connectors in the trainer and per session in the server, not by a wrapper,
 so the env emits single (dim, dim, 1) frames.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Mapping
 
 import gymnasium as gym
 import numpy as np
+
+
+@dataclass
+class AtariConfig:
+    """env_config of the Atari envs; its defaults are the env's (and the Hydra schema's, env/pong)."""
+
+    game: str = "ALE/Pong-v5"
+    # Side of the square greyscale frame after preprocessing.
+    dim: int = 64
 
 
 def make_atari(cfg: Mapping[str, Any]) -> gym.Env:
@@ -18,23 +29,30 @@ def make_atari(cfg: Mapping[str, Any]) -> gym.Env:
     from ray.rllib.env.wrappers.atari_wrappers import wrap_atari_for_new_api_stack
 
     gym.register_envs(ale_py)
-    game = cfg.get("game", "ALE/Pong-v5")
-    dim = int(cfg.get("dim", 64))
+    c = AtariConfig(**dict(cfg))
+    game, dim = c.game, int(c.dim)
     env = gym.make(game, frameskip=1, repeat_action_probability=0.0, full_action_space=False)
     return wrap_atari_for_new_api_stack(env, dim=dim, framestack=None)
 
 
-def preprocess_frame(rgb: np.ndarray, dim: int = 64) -> np.ndarray:
-    """One raw RGB ALE frame (210, 160, 3) uint8 -> one preprocessed frame (dim, dim, 1) float32 in [-1, 1].
+def preprocess_frame(rgb: np.ndarray, dim: int = AtariConfig.dim) -> np.ndarray:
+    """Raw RGB ALE frames -> the one preprocessed frame (dim, dim, 1) float32 in [-1, 1] the policy sees.
 
-    Mirrors RLlib's WarpFrame (greyscale + INTER_AREA resize) + NormalizedImageEnv. Max-pooling over skipped
-    frames happens in the env before the client sees a frame, so a client that steps its own ALE env with
-    frameskip should send the max of the last two frames (what MaxAndSkipEnv returns).
+    `rgb` is either the last two raw frames of a frame-skip step, shape (2, 210, 160, 3) uint8, or one raw frame
+    (210, 160, 3). The env the trainer builds (`wrap_atari_for_new_api_stack`) runs MaxAndSkipEnv *outside*
+    WarpFrame + NormalizedImageEnv: each raw frame is greyscaled, resized (INTER_AREA) and scaled first, and the
+    max over the last two frames is taken after that. Maxing raw frames before preprocessing gives different
+    pixels (greyscale and area resize do not commute with max), so a client sends both frames and this does the
+    max in the trainer's order, with RLlib's own image functions. One frame is the env without frameskip.
     """
-    import cv2
+    from ray.rllib.utils.images import resize, rgb2gray
 
-    if rgb.ndim != 3 or rgb.shape[-1] != 3:
-        raise ValueError(f"expected an RGB frame of shape (H, W, 3), got {tuple(rgb.shape)}")
-    grey = cv2.cvtColor(rgb.astype(np.uint8), cv2.COLOR_RGB2GRAY)
-    small = cv2.resize(grey, (dim, dim), interpolation=cv2.INTER_AREA)
-    return (small[:, :, None].astype(np.float32) / 128.0) - 1.0
+    arr = np.asarray(rgb)
+    frames = arr[None] if arr.ndim == 3 else arr
+    if frames.ndim != 4 or frames.shape[0] not in (1, 2) or frames.shape[-1] != 3:
+        raise ValueError(f"expected an RGB frame (H, W, 3) or the last two of a frame skip (2, H, W, 3), "
+                         f"got {tuple(arr.shape)}")
+    # WarpFrame (greyscale + resize) then NormalizedImageEnv, per raw frame; then MaxAndSkipEnv's max.
+    pre = [resize(rgb2gray(f.astype(np.uint8)), height=dim, width=dim)[:, :, None].astype(np.float32) / 128.0 - 1.0
+           for f in frames]
+    return np.max(np.stack(pre), axis=0)

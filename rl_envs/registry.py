@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import dataclasses
+from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 import gymnasium as gym
+
+from rl_envs.atari import AtariConfig
+from rl_envs.trading import TradingConfig
 
 
 @dataclass(frozen=True)
@@ -19,8 +23,12 @@ class EnvSpec:
     # Frames stacked by RLlib connectors (FrameStackingEnvToModule / FrameStackingLearner); 1 = none.
     # The served RLModule sees `framestack` consecutive preprocessed observations along the last axis.
     framestack: int = 1
-    # Default env_config merged under the user's.
-    default_config: Mapping[str, Any] = field(default_factory=dict)
+    # The env_config dataclass: its defaults are merged under the user's (None = no options).
+    config_class: type | None = None
+
+    @property
+    def default_config(self) -> dict[str, Any]:
+        return dataclasses.asdict(self.config_class()) if self.config_class else {}
 
 
 def _cartpole(cfg: Mapping[str, Any]) -> gym.Env:
@@ -50,13 +58,13 @@ ENVS: dict[str, EnvSpec] = {
         creator=_pong,
         description="ALE Pong with standard Atari preprocessing (64x64 grey, [-1,1]) and 4-frame stacking",
         framestack=4,
-        default_config={"game": "ALE/Pong-v5", "dim": 64},
+        config_class=AtariConfig,
     ),
     "trading": EnvSpec(
         name="trading",
         creator=_trading,
         description="Example custom env: a toy multi-asset trading env driven by synthetic prices",
-        default_config={"symbols": ["AAA", "BBB"], "window_size": 16, "episode_length": 200},
+        config_class=TradingConfig,
     ),
 }
 

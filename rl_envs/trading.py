@@ -8,7 +8,8 @@ Reward: the portfolio's log-return over the step minus a transaction cost on pos
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any, List, Mapping
 
 import gymnasium as gym
 import numpy as np
@@ -17,16 +18,38 @@ from gymnasium import spaces
 OBS_CLIP = 10.0
 
 
+@dataclass
+class TradingConfig:
+    """env_config of the trading env; its defaults are the env's (and the Hydra schema's, env/trading)."""
+
+    symbols: List[str] = field(default_factory=lambda: ["AAA", "BBB"])
+    # Log-returns of each symbol in one observation.
+    window_size: int = 16
+    episode_length: int = 200
+    # Cost per unit of position change, as a fraction.
+    transaction_cost: float = 1e-3
+    # Per-step volatility of the synthetic prices.
+    volatility: float = 0.01
+
+    @classmethod
+    def of(cls, config: Mapping[str, Any] | None) -> "TradingConfig":
+        config = dict(config or {})
+        unknown = sorted(set(config) - {f.name for f in fields(cls)})
+        if unknown:
+            raise ValueError(f"trading env: unknown env_config keys {unknown}; known: {[f.name for f in fields(cls)]}")
+        return cls(**config)
+
+
 class TradingEnv(gym.Env):
     metadata = {"render_modes": []}
 
     def __init__(self, config: Mapping[str, Any] | None = None):
-        config = dict(config or {})
-        self.symbols = list(config.get("symbols", ["AAA", "BBB"]))
-        self.window_size = int(config.get("window_size", 16))
-        self.episode_length = int(config.get("episode_length", 200))
-        self.cost = float(config.get("transaction_cost", 1e-3))
-        self.volatility = float(config.get("volatility", 0.01))
+        cfg = TradingConfig.of(config)
+        self.symbols = list(cfg.symbols)
+        self.window_size = int(cfg.window_size)
+        self.episode_length = int(cfg.episode_length)
+        self.cost = float(cfg.transaction_cost)
+        self.volatility = float(cfg.volatility)
         if not self.symbols:
             raise ValueError("trading env: `symbols` must name at least one symbol")
         if self.window_size < 1 or self.episode_length < 1:

@@ -3,6 +3,7 @@
 Examples:
   python -m serving --checkpoint outputs/cartpole_ppo/checkpoints/final
   python -m serving --policy cartpole=outputs/cartpole_ppo/checkpoints/final --policy pong=outputs/pong_ppo/checkpoints/final
+  python -m serving --checkpoint 's3://bucket/runs/cartpole?endpoint_override=minio:9000&scheme=http'  (a run: its latest)
 Send SIGHUP to re-read the config and checkpoints (a zero-downtime reload); Ctrl-C stops.
 """
 
@@ -22,7 +23,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m serving", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", default=str(launch.DEFAULT_CONFIG), help="Serve config (default: %(default)s)")
-    p.add_argument("--checkpoint", help="checkpoint of the config's first policy (overrides the config)")
+    p.add_argument("--checkpoint", help="checkpoint (path or URI) of the config's first policy (overrides the config)")
     p.add_argument("--policy", action="append", default=[], metavar="NAME=CHECKPOINT",
                    help="serve these policies instead of the config's (repeatable)")
     p.add_argument("--host", default="127.0.0.1", help="bind address (default: %(default)s)")
@@ -35,6 +36,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--temp-dir", default=None, help="Ray temp dir (default: Ray's)")
     p.add_argument("--address", default=None, help="connect to this Ray cluster instead of starting one")
     p.add_argument("--num-cpus", type=int, default=None)
+    p.add_argument("--ray-auth", choices=("token", "disabled"), default="token",
+                   help="token authentication on the embedded Ray (default: %(default)s); 'disabled' lets any "
+                        "local process run code through Ray. Ignored with --address.")
     p.add_argument("--ready-timeout", type=float, default=180.0)
     return p.parse_args(argv)
 
@@ -64,7 +68,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         base = launch.start(cfg, host=args.host, port=args.port, proxy_port=args.proxy_port, ingress=args.ingress,
                             metrics_port=args.metrics_port, temp_dir=args.temp_dir, address=args.address,
-                            num_cpus=args.num_cpus, ready_timeout_s=args.ready_timeout)
+                            num_cpus=args.num_cpus, ready_timeout_s=args.ready_timeout,
+                            ray_auth=args.ray_auth)
         # Installed after ray.init, which sets its own handlers.
         signal.signal(signal.SIGINT, lambda *_: stop.set())
         signal.signal(signal.SIGTERM, lambda *_: stop.set())

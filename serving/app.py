@@ -4,8 +4,11 @@ Why a plain `__call__(Request)` and not FastAPI: with `RAY_SERVE_THROUGHPUT_OPTI
 HTTP itself on the event loop, and a hand-rolled router keeps the request path at ~1 ms on 2 cores where a
 FastAPI ingress measured ~20% slower. The OpenAPI document is written by hand in `serving/openapi.py`.
 
-Everything a deployment needs to know comes from `user_config` (see serve_config.yaml), so a new
+Everything a deployment needs to know comes from `user_config` (serving/config.py; serve_config.yaml), so a new
 checkpoint, batch size or limit is applied by `reconfigure` in the running replicas: no restart, no downtime.
+Checkpoints may be local paths or URIs (s3://, gs://, ...): remote ones are downloaded into a per-replica cache
+directory ($RL_PLATFORM_CHECKPOINT_CACHE, else the temp dir) holding one copy per served policy; a copy is
+deleted when its policy is replaced or removed, and when the replica stops.
 """
 
 from __future__ import annotations
@@ -15,8 +18,9 @@ import json
 import logging
 import os
 import re
+import shutil
+import tempfile
 import time
-from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 import numpy as np
@@ -24,74 +28,16 @@ from ray import serve
 from starlette.requests import Request
 from starlette.responses import Response
 
+from rl_checkpoint import redact
+from serving.config import SESSION_ID_MAX_LEN, ServerConfig, ServerKnobs
 from serving.errors import ApiError, CheckpointError, bad_request
 from serving.metrics import ServerMetrics
-from serving.policy import LoadedPolicy, ServingLimits, resolve_checkpoint
+from serving.policy import LoadedPolicy, resolve_checkpoint
 
 logger = logging.getLogger("ray.serve")
 
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _POLICY_PATH = re.compile(r"^/v1/policies/([^/]+)(/act|/act_batch|/sessions/[^/]+)?/?$")
 _JSON = "application/json"
-
-
-# ------------------------------------------------------------------------------------------------ config
-
-
-@dataclass
-class ServerConfig:
-    """The deployment's `user_config`, validated. Unknown keys are an error so typos do not pass silently."""
-
-    policies: dict[str, str]
-    max_batch_size: int = 32
-    batch_wait_timeout_s: float = 0.0
-    max_body_bytes: int = 1 << 20
-    limits: ServingLimits = field(default_factory=ServingLimits)
-
-    # `revision`: free-form and otherwise ignored; changing it makes Serve call reconfigure, which re-reads
-    # checkpoints rewritten in place (same path, new rl_platform.json checkpoint_id).
-    KEYS = ("policies", "max_batch_size", "batch_wait_timeout_s", "max_body_bytes", "max_batch_items",
-            "check_bounds", "max_sessions", "session_ttl_s", "revision")
-
-    @classmethod
-    def parse(cls, raw: Mapping[str, Any] | None) -> "ServerConfig":
-        raw = dict(raw or {})
-        unknown = sorted(set(raw) - set(cls.KEYS))
-        if unknown:
-            raise ValueError(f"user_config: unknown keys {unknown}; known: {list(cls.KEYS)}")
-        pols = raw.get("policies") or {}
-        if not isinstance(pols, Mapping) or not pols:
-            raise ValueError("user_config.policies must map a policy name to {checkpoint: <path>}")
-        policies: dict[str, str] = {}
-        for name, spec in pols.items():
-            if not _NAME_RE.match(str(name)):
-                raise ValueError(f"user_config.policies: {name!r} is not a valid policy name ([A-Za-z0-9_.-], max 64)")
-            ckpt = spec.get("checkpoint") if isinstance(spec, Mapping) else spec
-            if not isinstance(ckpt, str) or not ckpt:
-                raise ValueError(f"user_config.policies.{name}.checkpoint must be a path string")
-            policies[str(name)] = ckpt
-
-        def num(key: str, typ: type, default: Any, lo: float) -> Any:
-            v = raw.get(key, default)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or (typ is int and int(v) != v) or v < lo:
-                raise ValueError(f"user_config.{key} must be a {typ.__name__} >= {lo}, got {v!r}")
-            return typ(v)
-
-        check_bounds = raw.get("check_bounds", True)
-        if not isinstance(check_bounds, bool):
-            raise ValueError("user_config.check_bounds must be true or false")
-        return cls(
-            policies=policies,
-            max_batch_size=num("max_batch_size", int, 32, 1),
-            batch_wait_timeout_s=num("batch_wait_timeout_s", float, 0.0, 0.0),
-            max_body_bytes=num("max_body_bytes", int, 1 << 20, 1024),
-            limits=ServingLimits(
-                max_batch_items=num("max_batch_items", int, 1024, 1),
-                check_bounds=check_bounds,
-                max_sessions=num("max_sessions", int, 1024, 1),
-                session_ttl_s=num("session_ttl_s", float, 600.0, 1.0),
-            ),
-        )
 
 
 # ------------------------------------------------------------------------------------------------ helpers
@@ -165,6 +111,12 @@ class PolicyServer:
         self._acting = 0  # act requests in progress in this replica (between body read and response)
         self._config_error: str | None = None
         self._started = time.time()
+        cache_root = os.environ.get("RL_PLATFORM_CHECKPOINT_CACHE") or tempfile.gettempdir()
+        os.makedirs(cache_root, exist_ok=True)
+        self._cache_dir = tempfile.mkdtemp(prefix="rl-platform-replica-", dir=cache_root)
+
+    def __del__(self) -> None:  # Serve calls it when the replica stops
+        shutil.rmtree(getattr(self, "_cache_dir", ""), ignore_errors=True)
 
     # -------------------------------------------------------------- config / reload
 
@@ -179,6 +131,15 @@ class PolicyServer:
         nothing to fall back to, so its errors are raised and fail the deployment with a readable message.
         """
         first = self._config is None
+        cfg = self._parse(user_config, first)
+        if cfg is None:
+            return
+        async with self._reload_lock:
+            new, errors = await self._load_changed(cfg, first)
+            self._swap(cfg, new, errors)
+
+    def _parse(self, user_config: Mapping[str, Any], first: bool) -> ServerConfig | None:
+        """The validated config, or None (after reporting) when a serving replica must keep its current one."""
         try:
             cfg = ServerConfig.parse(user_config)
         except ValueError as e:
@@ -186,67 +147,76 @@ class PolicyServer:
                 raise
             logger.error("rejected user_config, keeping the previous one: %s", e)
             self._config_error = str(e)
-            return
+            return None
         self._config_error = None
-        async with self._reload_lock:
-            new: dict[str, LoadedPolicy] = {}
-            errors: dict[str, dict[str, Any]] = {}
+        return cfg
+
+    async def _load_changed(self, cfg: ServerConfig, first: bool) -> tuple[dict[str, LoadedPolicy], dict[str, Any]]:
+        """-> (policy per name: newly loaded or the current one, reload errors per name)."""
+        new: dict[str, LoadedPolicy] = {}
+        errors: dict[str, dict[str, Any]] = {}
+        try:
             for name, ckpt in cfg.policies.items():
                 cur = self._policies.get(name)
-                if cur is not None and not self._changed(cur, ckpt, cfg):
+                if cur is not None and not await asyncio.to_thread(self._changed, cur, ckpt, cfg):
                     new[name] = cur
                     continue
                 try:
-                    pol = await asyncio.to_thread(LoadedPolicy.load, name, ckpt, cfg.limits)
+                    pol = await asyncio.to_thread(LoadedPolicy.load, name, ckpt, cfg.limits, self._cache_dir)
                 except CheckpointError as e:
                     self._metrics.reload(name, ok=False)
                     logger.error("policy %r: %s", name, e)
                     if first or cur is None:
                         raise CheckpointError(f"policy {name!r}: {e}") from None
-                    errors[name] = {"checkpoint": ckpt, "error": str(e), "at": time.time()}
+                    errors[name] = {"checkpoint": redact(ckpt), "error": str(e), "at": time.time()}
                     new[name] = cur  # keep serving the previous checkpoint
                     continue
-                if cur is not None and cur.sessions is not None and pol.sessions is not None \
-                        and cur.frame_shape == pol.frame_shape and cur.framestack == pol.framestack:
-                    pol.sessions = cur.sessions  # an env-side frame stack survives a weights update
-                    pol.sessions.max_sessions = cfg.limits.max_sessions
-                    pol.sessions.ttl_s = cfg.limits.session_ttl_s
+                if cur is not None:
+                    pol.carry_sessions_from(cur)
                 new[name] = pol
+        except BaseException:
             for name, pol in new.items():
-                old = self._policies.get(name)
-                if old is not pol:
-                    self._metrics.reload(name, ok=True)
-                    self._metrics.loaded(name, pol.checkpoint_id, pol.env, (old.checkpoint_id, old.env) if old else None)
-                    logger.warning(
-                        "policy %r serves checkpoint %s (%s) loaded in %.2fs",
-                        name, pol.checkpoint_id, pol.checkpoint, pol.load_seconds,
-                    )
-                b = self._batchers.get(name)
-                if b is None:
-                    self._batchers[name] = _Batcher(name, self._metrics, cfg.max_batch_size, cfg.batch_wait_timeout_s)
-                else:
-                    b.configure(cfg.max_batch_size, cfg.batch_wait_timeout_s)
-            for gone in set(self._policies) - set(new):
-                old = self._policies[gone]
-                self._metrics.loaded(gone, "-", None, (old.checkpoint_id, old.env))
-                self._batchers.pop(gone, None)
-            self._policies = new
-            self._config = cfg
-            self._reload_errors = errors
+                if pol is not self._policies.get(name):
+                    pol.release()
+            raise
+        return new, errors
+
+    def _swap(self, cfg: ServerConfig, new: dict[str, LoadedPolicy], errors: dict[str, Any]) -> None:
+        """Serve `new` from now on; report the change; drop what the old policies held."""
+        for name, pol in new.items():
+            old = self._policies.get(name)
+            if old is not pol:
+                self._metrics.reload(name, ok=True)
+                self._metrics.loaded(name, pol.checkpoint_id, pol.env, (old.checkpoint_id, old.env) if old else None)
+                logger.warning("policy %r serves checkpoint %s (%s) loaded in %.2fs",
+                               name, pol.checkpoint_id, pol.checkpoint, pol.load_seconds)
+            b = self._batchers.get(name)
+            if b is None:
+                self._batchers[name] = _Batcher(name, self._metrics, cfg.max_batch_size, cfg.batch_wait_timeout_s)
+            else:
+                b.configure(cfg.max_batch_size, cfg.batch_wait_timeout_s)
+        for gone in set(self._policies) - set(new):
+            old = self._policies[gone]
+            self._metrics.loaded(gone, "-", None, (old.checkpoint_id, old.env))
+            self._batchers.pop(gone, None)
+        replaced = [old for name, old in self._policies.items() if new.get(name) is not old]
+        self._policies = new
+        self._config = cfg
+        self._reload_errors = errors
+        for old in replaced:  # in-flight requests hold the module itself, not its downloaded files
+            old.release()
 
     @staticmethod
     def _changed(cur: LoadedPolicy, ckpt: str, cfg: ServerConfig) -> bool:
         if cur.limits != cfg.limits:
             return True
         try:
-            root, module_dir, meta = resolve_checkpoint(ckpt)
+            resolved = resolve_checkpoint(ckpt)
         except CheckpointError:
             return True  # let load() raise the readable error
-        if str(root) != cur.checkpoint:
+        if resolved.location != cur.checkpoint or resolved.metadata is None:
             return True
-        if meta is not None and meta.get("checkpoint_id"):
-            return str(meta["checkpoint_id"]) != cur.checkpoint_id
-        return True
+        return resolved.metadata.checkpoint_id != cur.checkpoint_id
 
     async def check_health(self) -> None:
         if self._config is None:
@@ -328,7 +298,13 @@ class PolicyServer:
             raise ApiError(405, "method_not_allowed", f"use {allowed} here, not {method}", {"allow": allowed})
 
     async def _json_body(self, request: Request) -> dict[str, Any]:
-        limit = self._config.max_body_bytes if self._config else 1 << 20
+        # A declared non-JSON body (a form post, text/plain) is refused before it is read; no header = JSON assumed.
+        ctype = request.headers.get("content-type")
+        if ctype is not None:
+            media = ctype.split(";", 1)[0].strip().lower()
+            if media != _JSON and not (media.startswith("application/") and media.endswith("+json")):
+                raise ApiError(415, "unsupported_media_type", f"Content-Type {media or ctype!r} is not {_JSON}")
+        limit = self._config.max_body_bytes if self._config else ServerKnobs().max_body_bytes
         cl = request.headers.get("content-length")
         if cl is not None:
             if not cl.isdigit():
@@ -367,8 +343,9 @@ class PolicyServer:
             obs = pol.observation(body["observation"])
         elif "frame" in body:
             sid = body.get("session_id")
-            if not isinstance(sid, str) or not 0 < len(sid) <= 128:
-                raise bad_request("missing_session_id", "'frame' needs a 'session_id' string (1-128 chars)")
+            if not isinstance(sid, str) or not 0 < len(sid) <= SESSION_ID_MAX_LEN:
+                raise bad_request("missing_session_id",
+                                  f"'frame' needs a 'session_id' string (1-{SESSION_ID_MAX_LEN} chars)")
             reset = body.get("reset", False)
             if not isinstance(reset, bool):
                 raise bad_request("bad_reset", "'reset' must be true or false")

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from rl_checkpoint import CheckpointError  # noqa: F401  (the checkpoint contract's error, raised at deploy/reload)
+
 
 class ApiError(Exception):
     def __init__(self, status: int, code: str, message: str, detail: Any = None):
@@ -30,7 +32,3 @@ def bad_request(code: str, message: str, detail: Any = None) -> ApiError:
 
 def unprocessable(code: str, message: str, detail: Any = None) -> ApiError:
     return ApiError(422, code, message, detail)
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint cannot be served (missing, wrong layout, unsupported spaces). Raised at deploy/reload."""

@@ -23,14 +23,9 @@ from typing import Any
 
 import numpy as np
 
-from serving.errors import CheckpointError
-from serving.policy import LoadedPolicy, space_to_json
-
-GREEDY_RULES = {
-    "discrete": "action = argmax(logits, -1) + start",
-    "multidiscrete": "split logits by nvec; action[i] = argmax(part_i, -1)",
-    "box": "action = clip(logits[..., :d], low, high) where d = logits.shape[-1] // 2 (the mean)",
-}
+from rl_checkpoint import CheckpointError, is_uri
+from serving.codec import space_to_json
+from serving.policy import LoadedPolicy
 
 
 def sample_observations(policy: LoadedPolicy, n: int, seed: int = 0) -> np.ndarray:
@@ -48,13 +43,7 @@ def sample_observations(policy: LoadedPolicy, n: int, seed: int = 0) -> np.ndarr
 
 def reference_actions(policy: LoadedPolicy, obs: np.ndarray) -> list[Any]:
     """Greedy actions through RLlib's public `forward_inference` on the module as loaded from the checkpoint."""
-    import torch
-
-    with torch.inference_mode():
-        logits = policy.module.forward_inference({"obs": torch.from_numpy(obs)})["action_dist_inputs"].numpy()
-    return policy.actions_from_logits(logits)
-
-
+    return policy.greedy(policy.inference.reference_logits(obs))
 
 
 def _wrapper(policy: LoadedPolicy):
@@ -68,13 +57,20 @@ def _wrapper(policy: LoadedPolicy):
         def forward(self, obs: torch.Tensor) -> torch.Tensor:
             return self.module._forward_inference({"obs": obs})["action_dist_inputs"]
 
-    return PolicyLogits(policy.inference_module).eval()
+    return PolicyLogits(policy.inference.inference_module).eval()
 
 
 def export_torchscript(checkpoint: str, out: str | Path, verify: int = 256) -> dict[str, Any]:
+    policy = LoadedPolicy.load("export", checkpoint)
+    try:
+        return _export(policy, out, verify)
+    finally:
+        policy.release()
+
+
+def _export(policy: LoadedPolicy, out: str | Path, verify: int) -> dict[str, Any]:
     import torch
 
-    policy = LoadedPolicy.load("export", checkpoint)
     wrapper = _wrapper(policy)
     example = torch.from_numpy(sample_observations(policy, 2, seed=1))
     with torch.inference_mode():
@@ -88,7 +84,7 @@ def export_torchscript(checkpoint: str, out: str | Path, verify: int = 256) -> d
         "framestack": policy.framestack,
         "observation_space": space_to_json(policy.observation_space),
         "action_space": space_to_json(policy.action_space),
-        "greedy": GREEDY_RULES[policy._act_kind],
+        "greedy": policy.greedy.rule,
         "input": "obs: float tensor (N, *observation_space.shape), frames already stacked and preprocessed",
         "output": "action_dist_inputs (N, logits)",
     }
@@ -110,19 +106,22 @@ def check_parity(policy: LoadedPolicy, exported: str | Path, n: int, seed: int =
     want = reference_actions(policy, obs)
     with torch.inference_mode():
         logits = loaded(torch.from_numpy(obs)).numpy()
-    got = policy.actions_from_logits(logits)
+    got = policy.greedy(logits)
     mismatches = [i for i, (a, b) in enumerate(zip(want, got)) if a != b]
     return {"observations": n, "mismatches": len(mismatches), "first_mismatch": mismatches[:1] or None}
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="rl-export", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--checkpoint", required=True, help="RLlib checkpoint dir (from `make train`)")
+    p.add_argument("--checkpoint", required=True, help="checkpoint dir, run output_dir or URI (from `make train`)")
     p.add_argument("--out", default=None, help="output file (default: <checkpoint>/export/policy.pt)")
     p.add_argument("--format", choices=("torchscript",), default="torchscript")
     p.add_argument("--verify", type=int, default=256, help="observations for the parity check; 0 skips it")
     args = p.parse_args(argv)
-    out = args.out or str(Path(args.checkpoint) / "export" / "policy.pt")
+    out = args.out or (str(Path(args.checkpoint) / "export" / "policy.pt") if not is_uri(args.checkpoint) else None)
+    if out is None:
+        print("rl-export: error: --out is required when --checkpoint is a URI", file=sys.stderr)
+        return 2
     try:
         res = export_torchscript(args.checkpoint, out, args.verify)
     except CheckpointError as e:

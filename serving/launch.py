@@ -68,7 +68,8 @@ def with_overrides(
     """A copy of `cfg` with the checkpoint(s), user_config keys and replica count replaced.
 
     `checkpoint` replaces the first configured policy's checkpoint; `policies` replaces the whole mapping.
-    Relative checkpoint paths are resolved against the current directory and must exist (fail before Ray starts).
+    Relative checkpoint paths are resolved against the current directory; every checkpoint (path or URI) must
+    hold a servable layout, checked before Ray starts.
     """
     cfg = copy.deepcopy(dict(cfg))
     dep = policy_deployment(cfg)
@@ -82,28 +83,33 @@ def with_overrides(
     if resolve_paths:
         for name, spec in list(pols.items()):
             path = spec["checkpoint"] if isinstance(spec, Mapping) else spec
-            p = Path(path).expanduser()
-            if not p.is_absolute():
-                p = (Path.cwd() / p).resolve()
-            if not p.is_dir():
-                raise LaunchError(
-                    f"policy {name!r}: checkpoint directory {str(p)!r} does not exist. Train one first "
-                    f"(`make train`), or pass CHECKPOINT=<dir> / --checkpoint <dir>."
-                )
-            from serving.errors import CheckpointError
-            from serving.policy import resolve_checkpoint
-
-            try:  # the layout check only (no torch): a wrong directory fails here, not after Ray starts
-                resolve_checkpoint(p)
-            except CheckpointError as e:
-                raise LaunchError(f"policy {name!r}: {e}") from None
-            pols[name] = {**(spec if isinstance(spec, Mapping) else {}), "checkpoint": str(p)}
+            pols[name] = {**(spec if isinstance(spec, Mapping) else {}), "checkpoint": _checked_location(name, path)}
     uc["policies"] = pols
     uc.update(dict(user_config or {}))
     if num_replicas is not None:
         dep.pop("autoscaling_config", None)
         dep["num_replicas"] = int(num_replicas)
     return cfg
+
+
+def _checked_location(name: str, location: str) -> str:
+    """An absolute path (local) or the URI unchanged, after checking the checkpoint's layout (no torch)."""
+    from rl_checkpoint import CheckpointError, is_uri
+    from serving.policy import resolve_checkpoint
+
+    if not is_uri(location):
+        p = Path(location).expanduser()
+        location = str(p if p.is_absolute() else (Path.cwd() / p).resolve())
+        if not Path(location).is_dir():
+            raise LaunchError(
+                f"policy {name!r}: checkpoint directory {location!r} does not exist. Train one first "
+                f"(`make train`), or pass CHECKPOINT=<dir> / --checkpoint <dir or URI>."
+            )
+    try:
+        resolve_checkpoint(location)
+    except CheckpointError as e:
+        raise LaunchError(f"policy {name!r}: {e}") from None
+    return location
 
 
 # ------------------------------------------------------------------------------------------------ Ray / Serve
@@ -142,8 +148,24 @@ def start(
     address: str | None = None,
     num_cpus: int | None = None,
     ready_timeout_s: float = 180.0,
+    ray_auth: str = "token",
 ) -> str:
-    """Start Ray (unless `address`) and Serve, deploy `cfg`, wait until /readyz answers 200. Returns the base URL."""
+    """Start Ray (unless `address`) and Serve, deploy `cfg`, wait until /readyz answers 200. Returns the base URL.
+
+    An embedded Ray gets token auth (`ray_auth`) and loopback-only ports (embedded_ray); an existing cluster
+    keeps its own settings.
+    """
+    if not address:
+        import embedded_ray
+
+        ray_mod = sys.modules.get("ray")
+        if ray_mod is None or not ray_mod.is_initialized():
+            try:
+                embedded_ray.configure(ray_auth)
+            except ValueError as e:
+                raise LaunchError(str(e)) from None
+            if ray_auth == "disabled":
+                print_err("warning: " + embedded_ray.INSECURE_WARNING)
     for k, v in ingress_env(ingress, port).items():
         os.environ.setdefault(k, v)
     # Replicas must import `serving` and `rl_envs` from this checkout even without an install.
@@ -207,7 +229,7 @@ def deploy(cfg: Mapping[str, Any], base_url: str | None = None, timeout_s: float
 
 def check_user_config(cfg: Mapping[str, Any]) -> None:
     """Fail fast on a user_config the replicas would reject (they keep the old one and only report it)."""
-    from serving.app import ServerConfig
+    from serving.config import ServerConfig
 
     try:
         ServerConfig.parse(policy_deployment(cfg).get("user_config"))
@@ -216,17 +238,18 @@ def check_user_config(cfg: Mapping[str, Any]) -> None:
 
 
 def expected_checkpoints(cfg: Mapping[str, Any]) -> dict[str, tuple[str, str | None]]:
-    """{policy: (checkpoint path, checkpoint_id from its rl_platform.json or None)} for the config."""
+    """{policy: (checkpoint location as the server reports it, its metadata's checkpoint_id or None)}."""
+    from rl_checkpoint import CheckpointError, redact
+    from serving.policy import resolve_checkpoint
+
     out = {}
     for name, spec in policy_deployment(cfg)["user_config"]["policies"].items():
-        path = str(Path(spec["checkpoint"] if isinstance(spec, Mapping) else spec))
-        meta = Path(path) / "rl_platform.json"
-        ckpt_id = None
+        location = spec["checkpoint"] if isinstance(spec, Mapping) else spec
         try:
-            ckpt_id = json.loads(meta.read_text()).get("checkpoint_id")
-        except (OSError, ValueError):
-            pass
-        out[name] = (path, ckpt_id)
+            ckpt = resolve_checkpoint(location)
+            out[name] = (ckpt.location, ckpt.metadata.checkpoint_id if ckpt.metadata else None)
+        except CheckpointError:  # the server reports its own error for it
+            out[name] = (redact(str(location)), None)
     return out
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from serving.config import B64_DTYPES, NAME_PATTERN, SESSION_ID_MAX_LEN
+
 _ERR = {"$ref": "#/components/schemas/Error"}
 
 
@@ -17,7 +19,9 @@ def _ok(desc: str, schema: dict[str, Any]) -> dict[str, Any]:
 
 
 def openapi_document(policy_names: list[str] | None = None) -> dict[str, Any]:
-    name_schema: dict[str, Any] = {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"}
+    from serving.policy import METADATA_SOURCES
+
+    name_schema: dict[str, Any] = {"type": "string", "pattern": NAME_PATTERN}
     if policy_names:
         name_schema["examples"] = list(policy_names)
     name_param = {"name": "name", "in": "path", "required": True, "schema": name_schema,
@@ -26,6 +30,7 @@ def openapi_document(policy_names: list[str] | None = None) -> dict[str, Any]:
         "400": _err("Malformed request: invalid JSON, not an object, missing or unknown field."),
         "404": _err("Unknown policy."),
         "413": _err("Body larger than max_body_bytes, or batch larger than max_batch_items."),
+        "415": _err("Content-Type given and not JSON (application/json or application/*+json); no header: JSON assumed."),
         "422": _err("Observation does not fit the policy's observation space (shape, dtype, NaN/inf, bounds)."),
     }
     return {
@@ -59,7 +64,7 @@ def openapi_document(policy_names: list[str] | None = None) -> dict[str, Any]:
                     "examples": {"cartpole": {"value": {"observation": [0.01, -0.02, 0.03, 0.04]}},
                                  "pong_session": {"value": {"session_id": "game-1", "reset": True,
                                                             "frame": {"b64": "...", "dtype": "uint8",
-                                                                      "shape": [210, 160, 3]}}}},
+                                                                      "shape": [2, 210, 160, 3]}}}},
                 }}},
                 "responses": {"200": _ok("Action", {"$ref": "#/components/schemas/ActResponse"}), **client_errors},
             }},
@@ -96,16 +101,16 @@ def openapi_document(policy_names: list[str] | None = None) -> dict[str, Any]:
             "EncodedArray": {"type": "object", "required": ["b64", "shape"], "additionalProperties": False,
                              "properties": {"b64": {"type": "string", "contentEncoding": "base64"},
                                             "dtype": {"type": "string", "default": "float32",
-                                                      "enum": ["uint8", "int8", "int16", "int32", "int64",
-                                                               "float16", "float32", "float64"]},
+                                                      "enum": list(B64_DTYPES)},
                                             "shape": {"type": "array", "items": {"type": "integer", "minimum": 0}}}},
             "ActRequest": {"type": "object", "additionalProperties": False, "properties": {
                 "observation": {"$ref": "#/components/schemas/Array",
                                 "description": "One observation of the policy's observation_space shape."},
                 "frame": {"$ref": "#/components/schemas/Array",
                           "description": "Frame-stacked policies: one preprocessed frame (frame.shape) or, for "
-                                         "Atari, one raw RGB frame (H, W, 3) uint8 values."},
-                "session_id": {"type": "string", "minLength": 1, "maxLength": 128},
+                                         "Atari, raw RGB uint8 values: the last two frames of a frame skip (2, H, W, 3), "
+                                         "preprocessed then maxed as in training, or one frame (H, W, 3)."},
+                "session_id": {"type": "string", "minLength": 1, "maxLength": SESSION_ID_MAX_LEN},
                 "reset": {"type": "boolean", "default": False,
                           "description": "Start a new episode: the stack restarts zero-filled."}}},
             "Action": {"description": "int (Discrete), list of int (MultiDiscrete) or list of number (Box).",
@@ -125,7 +130,7 @@ def openapi_document(policy_names: list[str] | None = None) -> dict[str, Any]:
                                "name": {"type": "string"}, "checkpoint_id": {"type": "string"},
                                "version": {"type": "string", "description": "Same as checkpoint_id."},
                                "checkpoint": {"type": "string"},
-                               "metadata_source": {"type": "string", "enum": ["rl_platform.json", "module"]},
+                               "metadata_source": {"type": "string", "enum": list(METADATA_SOURCES)},
                                "env": {"type": ["string", "null"]}, "algo": {"type": ["string", "null"]},
                                "iteration": {"type": ["integer", "null"]}, "framestack": {"type": "integer"},
                                "observation_space": {"$ref": "#/components/schemas/Space"},

@@ -13,3 +13,48 @@ def _no_stray_ray_address():
     os.environ.pop("RAY_ADDRESS", None)
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     yield
+
+
+class LocalS3:
+    """moto's S3-compatible server on 127.0.0.1: a real object store for output_dir / checkpoint URIs."""
+
+    BUCKET = "rlp"
+    CREDS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+
+    def __init__(self, port: int):
+        import pyarrow.fs as pafs
+
+        self.port = port
+        self.fs = pafs.S3FileSystem(endpoint_override=f"127.0.0.1:{port}", scheme="http", access_key="testing",
+                                    secret_key="testing", region="us-east-1", allow_bucket_creation=True)
+        self.fs.create_dir(self.BUCKET)
+
+    def uri(self, key: str) -> str:
+        """s3://rlp/<key> with the options pyarrow needs to reach this server (credentials come from the env)."""
+        return f"s3://{self.BUCKET}/{key}?endpoint_override=127.0.0.1:{self.port}&scheme=http"
+
+
+@pytest.fixture(scope="session")
+def s3():
+    """One local S3 server per session; its credentials are in os.environ, so subprocesses (trainer, server,
+    Ray workers) started after this fixture reach it too."""
+    import subprocess
+
+    from trainer_helpers import free_port, wait_for_port
+
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    saved = {k: os.environ.get(k) for k in LocalS3.CREDS}
+    try:
+        wait_for_port(port, proc, 60, "moto server")
+        os.environ.update(LocalS3.CREDS)
+        yield LocalS3(port)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        proc.terminate()
+        proc.wait(timeout=30)

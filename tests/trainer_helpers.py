@@ -12,6 +12,42 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now (servers under test bind it next)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def stop_process(proc: subprocess.Popen, sig: int, timeout_s: float = 30) -> int | None:
+    """Send `sig` (the process's own clean-stop signal), wait `timeout_s`, then SIGKILL; returns the exit code."""
+    if proc.poll() is None:
+        proc.send_signal(sig)
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=30)
+    return proc.returncode
+
+
+def wait_for_port(port: int, proc: subprocess.Popen, timeout_s: float, what: str) -> None:
+    """Until 127.0.0.1:`port` accepts a connection; fails naming `what` if `proc` exits or `timeout_s` passes."""
+    import socket
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            assert proc.poll() is None and time.monotonic() < deadline, f"{what} did not come up"
+            time.sleep(0.1)
+
+
 def short_tmp(prefix: str = "rlp") -> str:
     """Ray's unix sockets live under its temp dir; pytest's tmp_path can exceed the 107-byte socket path limit."""
     return tempfile.mkdtemp(prefix=prefix, dir="/tmp")

@@ -17,14 +17,26 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 import hydra  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
+from rl_checkpoint import CheckpointError  # noqa: E402
 from trainer.config import register_configs  # noqa: E402
 from trainer.errors import TrainerError  # noqa: E402
+from trainer.signals import STOP, Stopped  # noqa: E402
 
 register_configs()
 
 
 def log(msg: str) -> None:
     print(f"[trainer {time.time() - _T0:6.1f}s] {msg}", flush=True)
+
+
+def write_timeline(path: str) -> None:
+    """debug.timeline: a Chrome trace of the Ray tasks and actor calls so far (open in ui.perfetto.dev)."""
+    import ray
+
+    path = os.path.abspath(path)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    ray.timeline(filename=path)
+    log(f"timeline: {path}")
 
 
 def run(cfg: DictConfig) -> dict:
@@ -35,10 +47,14 @@ def run(cfg: DictConfig) -> dict:
     if cfg.output_dir is None:
         cfg.output_dir = default_output_dir(cfg)
 
-    from trainer.resources import init_ray, set_torch_threads
-    from trainer.storage import Storage
+    from trainer.resources import init_ray, prepare_embedded_ray, set_torch_threads
 
-    set_torch_threads(cfg.resources.torch_threads)
+    prepare_embedded_ray(cfg.resources, log)  # before anything imports ray
+
+    from rl_checkpoint import Storage
+    from trainer.artifacts import run_summary
+    from trainer.startup import STARTUP
+
     storage = Storage.open(cfg.output_dir)
     storage.write_bytes(OmegaConf.to_yaml(cfg, resolve=True).encode(), "config.yaml")
     log(f"experiment {cfg.experiment}: algo={cfg.algo.name} env={cfg.env.name} tune={cfg.tune.scheduler} "
@@ -53,31 +69,38 @@ def run(cfg: DictConfig) -> dict:
 
     started_ray = not ray.is_initialized() and not cfg.resources.address
     t = time.time()
+    graceful = cfg.tune.scheduler == "none"  # Tune handles SIGINT itself
+    if graceful:
+        STOP.install(cfg.fault_tolerance.stop_grace_s)
+    STARTUP.prewarm(cfg.algo.name, cfg.resources.torch_threads)  # torch/RLlib imports overlap ray.init (trainer.startup)
     init_ray(cfg.resources)
+    STARTUP.mark("ray.init")
+    if graceful:
+        STOP.install(cfg.fault_tolerance.stop_grace_s)  # again: ray.init put Ray's C++ handlers (stack dumps) in place
     log(f"ray ready in {time.time() - t:.1f}s ({'embedded' if not cfg.resources.address else cfg.resources.address})")
+    STARTUP.wait_imports()
+    set_torch_threads(cfg.resources.torch_threads)
     try:
+        from trainer.capacity import check_capacity
+
+        check_capacity(cfg, log)  # a request Ray can never place fails here, not by waiting for ever
         from trainer.algo import build_algo_config
 
         if cfg.tune.scheduler == "none":
             from trainer.loop import train_loop
 
-            summary = train_loop(cfg, build_algo_config(cfg), storage, log)
+            result = train_loop(cfg, build_algo_config(cfg), storage, log)
         else:
             from trainer.tuning import finish_tune, run_tune
 
-            summary = finish_tune(cfg, storage, run_tune(cfg, build_algo_config, storage, log))
+            result = finish_tune(cfg, storage, *run_tune(cfg, build_algo_config, storage, log))
     finally:
+        if cfg.debug.timeline:
+            write_timeline(cfg.debug.timeline)
         if started_ray:
             ray.shutdown()
-    summary = {
-        "experiment": cfg.experiment,
-        "checkpoint": summary.pop("checkpoint"),
-        "episode_return_mean": summary.pop("episode_return_mean"),
-        "env_steps": summary.pop("env_steps"),
-        "wall_s": round(time.time() - _T0, 2),
-        "output_dir": storage.location,
-        **summary,
-    }
+    summary = run_summary(cfg.experiment, storage.location, result, time.time() - _T0)
+    summary["startup"] = STARTUP.summary()
     storage.write_json(summary, "summary.json")
     log(f"checkpoint: {summary['checkpoint']}")
     return summary
@@ -87,12 +110,17 @@ def run(cfg: DictConfig) -> dict:
 def _hydra_main(cfg: DictConfig) -> None:
     try:
         summary = run(cfg)
-    except TrainerError as e:
+    except (TrainerError, CheckpointError) as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         sys.exit(2)
     except KeyboardInterrupt:
         print("error: interrupted; rerun the same command to resume from the latest checkpoint", file=sys.stderr)
         sys.exit(130)
+    except Stopped as e:
+        STOP.done()
+        print(f"trainer: {e}", file=sys.stderr, flush=True)
+        sys.exit(e.code)
+    STOP.done()
     print(json.dumps(summary), flush=True)
 
 

@@ -1,4 +1,4 @@
-"""What a run leaves behind besides checkpoints: progress CSV, TensorBoard events, learning-curve PNG, summary."""
+"""What a run leaves behind besides checkpoints: progress CSV, TensorBoard events, learning-curve PNG, run summary."""
 
 from __future__ import annotations
 
@@ -6,9 +6,10 @@ import csv
 import io
 import math
 import os
+from dataclasses import dataclass, field
 from typing import Any
 
-from trainer.callbacks import RETURN_MEAN_KEY, WINDOW
+from trainer.solved import RETURN_MEAN_KEY, RETURN_WINDOW_KEY, WINDOW
 
 # Columns of progress.csv: one row per training iteration.
 COLUMNS = [
@@ -33,7 +34,7 @@ def row_from_result(result: dict[str, Any], wall_s: float, iter_s: float, steps_
         "episode_return_mean": float(ret) if ret is not None else math.nan,
         "episodes": int(env.get("num_episodes_lifetime") or 0),
         # Episodes behind episode_return_mean (>= WINDOW once that many have ended).
-        "return_window": int(result.get("episode_return_window") or 0),
+        "return_window": int(result.get(RETURN_WINDOW_KEY) or 0),
         "wall_s": round(wall_s, 3),
         "iter_s": round(iter_s, 3),
         "env_steps_per_s": round((steps - steps_before) / iter_s, 1) if iter_s > 0 else 0.0,
@@ -123,3 +124,31 @@ def learning_curve_png(rows: list[dict[str, Any]], title: str, target: float | N
     fig.savefig(buf, format="png")
     plt.close(fig)
     return buf.getvalue()
+
+
+@dataclass
+class RunResult:
+    """What a run (plain loop or Tune) ends with; `run_summary` turns it into the summary users read."""
+
+    checkpoint: str  # local path or URI of the checkpoint to serve
+    best_checkpoint: str | None
+    episode_return_mean: float | None
+    env_steps: int
+    iterations: int
+    extra: dict[str, Any] = field(default_factory=dict)  # stop_reason, resumed_from / trials, best_config, ...
+
+
+def run_summary(experiment: str, output_dir: str, result: RunResult, wall_s: float) -> dict[str, Any]:
+    """The run summary: the last stdout line of `python -m trainer` and summary.json. Built here only."""
+    ret = result.episode_return_mean
+    return {
+        "experiment": experiment,
+        "checkpoint": result.checkpoint,
+        "episode_return_mean": None if ret is None or math.isnan(ret) else round(float(ret), 3),
+        "env_steps": int(result.env_steps),
+        "wall_s": round(wall_s, 2),
+        "output_dir": output_dir,
+        "best_checkpoint": result.best_checkpoint,
+        "iterations": int(result.iterations),
+        **result.extra,
+    }

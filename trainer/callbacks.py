@@ -13,23 +13,7 @@ from collections import deque
 
 from ray.rllib.callbacks.callbacks import RLlibCallback
 
-EPISODES_ENDED = "rl_platform_episodes_ended"
-# Reported in every training result; the trainer's stop criterion and Tune's metric.
-RETURN_MEAN_KEY = "episode_return_mean_last_n"
-WINDOW = 20
-
-
-def window_mean(history, window: int = WINDOW) -> tuple[float, int]:
-    """history: (episodes, mean return) per iteration, oldest first -> (mean over >= window newest episodes, count)."""
-    total, n = 0.0, 0
-    for count, mean in reversed(history):
-        if count <= 0 or math.isnan(mean):
-            continue
-        total += count * mean
-        n += count
-        if n >= window:
-            break
-    return (total / n if n else math.nan), n
+from trainer.solved import EPISODES_ENDED, RETURN_MEAN_KEY, RETURN_WINDOW_KEY, WINDOW, window_mean  # noqa: F401
 
 
 class LastNEpisodeReturns(RLlibCallback):
@@ -48,7 +32,7 @@ class LastNEpisodeReturns(RLlibCallback):
         # Both are NaN in an iteration where no episode ended.
         if count is not None and mean is not None and math.isfinite(count) and math.isfinite(mean) and count > 0:
             self.history.append((int(count), float(mean)))
-        result[RETURN_MEAN_KEY], result["episode_return_window"] = window_mean(self.history)
+        result[RETURN_MEAN_KEY], result[RETURN_WINDOW_KEY] = window_mean(self.history)
 
 
 def window_history(algo) -> LastNEpisodeReturns | None:

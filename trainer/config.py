@@ -17,6 +17,9 @@ from typing import Any, Dict, List, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
+from rl_envs.atari import AtariConfig
+from rl_envs.trading import TradingConfig
+
 
 @dataclass
 class ModelConf:
@@ -40,12 +43,17 @@ class AlgoConf:
     # Env steps collected per training iteration (per learner update round).
     train_batch_size: int = 4000
     grad_clip: Optional[float] = None
+    # Learner arithmetic (trainer.precision): fp32 | bf16 (autocast; CPU or GPU) | fp16 (autocast + loss scaling;
+    # GPU learners only). Weights and checkpoints stay fp32 either way.
+    precision: str = "fp32"
     model: ModelConf = field(default_factory=ModelConf)
 
 
 @dataclass
 class PPOConf(AlgoConf):
     name: str = "ppo"
+    # SGD minibatch across all learners: with resources.num_learners=N each learner takes minibatch_size // N and
+    # DDP averages their gradients, so N only changes speed, not the optimisation (bench/ddp_bench.py).
     minibatch_size: int = 128
     num_epochs: int = 10
     lambda_: float = 0.95
@@ -104,6 +112,27 @@ class EnvConf:
 
 
 @dataclass
+class CartPoleEnvConf(EnvConf):
+    name: str = "cartpole"
+
+
+@dataclass
+class PongEnvConf(EnvConf):
+    name: str = "pong"
+    env_config: AtariConfig = field(default_factory=AtariConfig)
+
+
+@dataclass
+class TradingEnvConf(EnvConf):
+    name: str = "trading"
+    env_config: TradingConfig = field(default_factory=TradingConfig)
+
+
+# env/<name>.yaml picks <name>_schema: the env's typed env_config, whose defaults live in rl_envs.
+ENV_SCHEMAS = {"cartpole": CartPoleEnvConf, "pong": PongEnvConf, "trading": TradingEnvConf}
+
+
+@dataclass
 class ResourcesConf:
     """Where things run. `local` = an embedded Ray in this process; `cluster` = an existing Ray (KubeRay)."""
 
@@ -122,10 +151,17 @@ class ResourcesConf:
     # Nodes advertise them (rayStartParams.resources in the chart); None = no isolation.
     rollout_resource: Optional[str] = None
     learner_resource: Optional[str] = None
+    # A cluster that cannot yet place every env runner/learner gets this long to add nodes (autoscaling) before
+    # the run fails naming the missing resource; 0 = fail at once (a fixed-size cluster). Embedded Ray: never waits.
+    wait_for_resources_s: float = 300.0
     # Torch intra-op threads per process (driver, env runners, learners). Oversubscribing 2 cores costs ~5x.
     torch_threads: int = 1
     # Ray's temp/session dir for the embedded Ray (None = Ray's default /tmp/ray).
     ray_tmp_dir: Optional[str] = None
+    # Embedded Ray only: "token" = Ray token authentication (a per-run token; every Ray RPC/HTTP call must carry
+    # it) and all Ray ports on 127.0.0.1. "disabled" turns the token off (ports stay on loopback): any local
+    # process, e.g. another user's, can then run code through Ray. Clusters (address) follow their own setting.
+    auth: str = "token"
 
 
 @dataclass
@@ -176,6 +212,16 @@ class FaultToleranceConf:
     # auto: resume from the latest checkpoint in output_dir if there is one; never: start fresh (refuses a
     # non-empty output_dir); must: fail unless there is a checkpoint to resume.
     resume: str = "auto"
+    # SIGTERM/SIGINT: finish the iteration, checkpoint and exit 143/130 within this many seconds, else exit without
+    # a new checkpoint. Kubernetes sends SIGKILL 30 s after SIGTERM (terminationGracePeriodSeconds) by default.
+    stop_grace_s: float = 25.0
+
+
+@dataclass
+class DebugConf:
+    # Write a Chrome trace (chrome://tracing, ui.perfetto.dev) of every Ray task/actor call of the run here, via
+    # ray.timeline(), just before Ray shuts down. A local path; None = no trace.
+    timeline: Optional[str] = None
 
 
 @dataclass
@@ -189,6 +235,7 @@ class TrainConfig:
     stop: StopConf = field(default_factory=StopConf)
     checkpoint: CheckpointConf = field(default_factory=CheckpointConf)
     fault_tolerance: FaultToleranceConf = field(default_factory=FaultToleranceConf)
+    debug: DebugConf = field(default_factory=DebugConf)
     # A local path or a URI pyarrow understands (s3://bucket/prefix, gs://...). None = outputs/<experiment>.
     output_dir: Optional[str] = None
     seed: Optional[int] = None
@@ -205,5 +252,7 @@ def register_configs() -> None:
     for name, node in ALGO_SCHEMAS.items():
         cs.store(group="algo", name=f"{name}_schema", node=node)
     cs.store(group="env", name="env_schema", node=EnvConf)
+    for name, node in ENV_SCHEMAS.items():
+        cs.store(group="env", name=f"{name}_schema", node=node)
     cs.store(group="resources", name="resources_schema", node=ResourcesConf)
     cs.store(group="tune", name="tune_schema", node=TuneConf)

@@ -18,6 +18,17 @@ def set_torch_threads(n: int) -> None:
     torch.set_num_threads(n)
 
 
+def prepare_embedded_ray(res: ResourcesConf, log) -> None:
+    """Token auth + loopback-only ports for an embedded Ray (embedded_ray); must run before `import ray`."""
+    if res.address:
+        return
+    import embedded_ray
+
+    embedded_ray.configure(res.auth)
+    if res.auth == "disabled":
+        log("warning: " + embedded_ray.INSECURE_WARNING)
+
+
 def ray_init_kwargs(res: ResourcesConf) -> dict[str, Any]:
     if res.address:
         return {"address": res.address, "log_to_driver": True, "logging_level": "WARNING"}
@@ -49,6 +60,48 @@ def check_reachable(address: str, timeout_s: float = 5.0) -> None:
         socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
     except OSError as e:
         raise TrainerError(f"cannot reach Ray at {address!r}: {e.strerror or e}") from None
+    if "://" not in address:
+        check_token(address, timeout_s)
+
+
+def _client_token() -> str | None:
+    """The token this process would present (Ray's order: RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH, ~/.ray/auth_token)."""
+    if os.environ.get("RAY_AUTH_MODE") != "token":
+        return None
+    if os.environ.get("RAY_AUTH_TOKEN"):
+        return os.environ["RAY_AUTH_TOKEN"].strip()
+    path = os.environ.get("RAY_AUTH_TOKEN_PATH") or os.path.expanduser("~/.ray/auth_token")
+    try:
+        with open(path) as f:
+            return f.read().strip() or None
+    except OSError:
+        return None
+
+
+def check_token(address: str, timeout_s: float = 5.0) -> None:
+    """Fail fast when the cluster's GCS refuses us for lack of its token: Ray's client would retry for minutes.
+
+    One read-only gRPC call (GetClusterId) with the token this process would send; anything but UNAUTHENTICATED
+    is left to ray.init to report.
+    """
+    import grpc
+
+    token = _client_token()
+    meta = [("authorization", f"Bearer {token}")] if token else None
+    try:
+        with grpc.insecure_channel(address) as ch:
+            ch.unary_unary("/ray.rpc.NodeInfoGcsService/GetClusterId")(b"", timeout=timeout_s, metadata=meta)
+    except grpc.RpcError as e:
+        if e.code() != grpc.StatusCode.UNAUTHENTICATED:
+            return
+        if token is None:
+            raise TrainerError(
+                f"Ray at {address!r} requires token authentication: export RAY_AUTH_MODE=token and RAY_AUTH_TOKEN="
+                "<the cluster's token> (KubeRay: kubectl get secret <raycluster> -o jsonpath='{.data.auth_token}' "
+                "| base64 -d)"
+            ) from None
+        raise TrainerError(f"Ray at {address!r} rejected this process's token (RAY_AUTH_TOKEN / "
+                           "RAY_AUTH_TOKEN_PATH / ~/.ray/auth_token): not the cluster's") from None
 
 
 def init_ray(res: ResourcesConf) -> None:

@@ -7,24 +7,24 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from rl_checkpoint import Storage, write_metadata
+from trainer.artifacts import RunResult
 from trainer.callbacks import RETURN_MEAN_KEY
 from trainer.errors import TrainerError
-from trainer.storage import Storage
-
-_SAMPLERS = ("loguniform", "uniform", "choice", "randint", "grid_search")
+from trainer.metrics import tune_checkpoint_callback
+from trainer.stopping import ENV_STEPS_KEY, ITERATION_KEY, StopRule
+from trainer.validate import check_param_space
 
 
 def search_space(param_space: dict[str, Any]) -> dict[str, Any]:
-    """{"lr": {"loguniform": [1e-4, 1e-3]}} -> {"lr": tune.loguniform(1e-4, 1e-3)}; plain values pass through."""
+    """{"lr": {"loguniform": [1e-4, 1e-3]}} -> {"lr": tune.loguniform(1e-4, 1e-3)}; plain values pass through.
+
+    The shape of `param_space` was checked by `check_param_space` before Ray started."""
     from ray import tune
 
     out: dict[str, Any] = {}
     for key, spec in param_space.items():
         if isinstance(spec, dict):
-            if len(spec) != 1 or next(iter(spec)) not in _SAMPLERS:
-                raise TrainerError(
-                    f"tune.param_space.{key}: expected one of {', '.join(_SAMPLERS)} as the only key, got {list(spec)}"
-                )
             kind, args = next(iter(spec.items()))
             if kind in ("choice", "grid_search"):
                 out[key] = getattr(tune, kind)(list(args))
@@ -58,25 +58,16 @@ def scheduler(tc, metric: str, mode: str):
     raise TrainerError(f"unknown tune.scheduler {name!r}; known: none, asha, hyperband, pbt")
 
 
-def run_tune(cfg, build_algo_config, storage: Storage, log) -> dict[str, Any]:
+def run_tune(cfg, build_algo_config, storage: Storage, log):
+    """-> (RunResult, the best trial's ray.tune.Result)."""
     from ray import tune
     from ray.tune import CheckpointConfig, FailureConfig, RunConfig, TuneConfig
 
     tc = cfg.tune
     metric, mode = tc.metric, tc.mode
+    check_param_space(cfg)
     space = search_space(OmegaConf.to_container(tc.param_space, resolve=True))
-    unknown = [k for k in space if k not in cfg.algo]
-    if unknown:
-        raise TrainerError(f"tune.param_space names keys that algo/{cfg.algo.name} does not have: {unknown}")
     config = build_algo_config(cfg, algo_overrides=space if tc.scheduler != "pbt" else None)
-
-    stop: dict[str, Any] = {}
-    if cfg.stop.episode_return_mean is not None:
-        stop[RETURN_MEAN_KEY] = cfg.stop.episode_return_mean
-    if cfg.stop.env_steps is not None:
-        stop["num_env_steps_sampled_lifetime"] = cfg.stop.env_steps
-    if cfg.stop.iterations is not None:
-        stop["training_iteration"] = cfg.stop.iterations
 
     name = "tune"
     exp_path = storage.uri(name)
@@ -100,7 +91,7 @@ def run_tune(cfg, build_algo_config, storage: Storage, log) -> dict[str, Any]:
             run_config=RunConfig(
                 name=name,
                 storage_path=storage.location,
-                stop=stop or None,
+                stop=StopRule(OmegaConf.to_container(cfg.stop)),
                 checkpoint_config=CheckpointConfig(
                     checkpoint_frequency=every,
                     num_to_keep=max(cfg.checkpoint.keep, 1),
@@ -109,6 +100,7 @@ def run_tune(cfg, build_algo_config, storage: Storage, log) -> dict[str, Any]:
                     checkpoint_score_order=mode,
                 ),
                 failure_config=FailureConfig(max_failures=tc.max_failures),
+                callbacks=[tune_checkpoint_callback()],
                 verbose=1,
             ),
         )
@@ -121,45 +113,40 @@ def run_tune(cfg, build_algo_config, storage: Storage, log) -> dict[str, Any]:
     if best.checkpoint is None:
         raise TrainerError(f"best trial has no checkpoint; trial errors: {errors[:3]}")
     ret = best.metrics.get(RETURN_MEAN_KEY)
-    return {
-        "checkpoint": best.checkpoint.path,
-        "best_checkpoint": best.checkpoint.path,
-        "episode_return_mean": None if ret is None or math.isnan(ret) else round(float(ret), 3),
-        "env_steps": int(best.metrics.get("num_env_steps_sampled_lifetime") or 0),
-        "iterations": int(best.metrics.get("training_iteration") or 0),
-        "trials": len(results),
-        "trial_errors": errors,
-        "best_config": {k: best.config.get(k) for k in space} if space else {},
-        "_best_result": best,
-    }
+    ckpt = _checkpoint_uri(storage, best.checkpoint)
+    return RunResult(
+        checkpoint=ckpt,
+        best_checkpoint=ckpt,
+        episode_return_mean=None if ret is None else float(ret),
+        env_steps=int(best.metrics.get(ENV_STEPS_KEY) or 0),
+        iterations=int(best.metrics.get(ITERATION_KEY) or 0),
+        extra={"trials": len(results), "trial_errors": errors,
+               "best_config": {k: best.config.get(k) for k in space} if space else {}},
+    ), best
 
 
-def finish_tune(cfg, storage: Storage, summary: dict[str, Any]) -> dict[str, Any]:
+def _checkpoint_uri(storage: Storage, checkpoint) -> str:
+    """A Tune checkpoint's path is inside its filesystem (no scheme for s3): name it like the output_dir does."""
+    path = checkpoint.path.rstrip("/")
+    if storage.local or not path.startswith(storage.root + "/"):
+        return path
+    return storage.uri(path[len(storage.root) + 1:])
+
+
+def finish_tune(cfg, storage: Storage, result: RunResult, best) -> RunResult:
     """Leave the same artifacts as a plain run: the best trial's curve, PNG and checkpoint metadata."""
-    import json
-
-    import pyarrow.fs as pafs
-
     from trainer.artifacts import learning_curve_png
     from trainer.loop import checkpoint_metadata
 
-    best = summary.pop("_best_result")
     df = best.metrics_dataframe
-    rows = []
     if df is not None and len(df):
-        for _, r in df.iterrows():
-            rows.append({
-                "iteration": int(r.get("training_iteration", 0)),
-                "env_steps": int(r.get("num_env_steps_sampled_lifetime", 0) or 0),
-                "episode_return_mean": float(r.get(RETURN_MEAN_KEY, math.nan)),
-            })
+        rows = [{"iteration": int(r.get(ITERATION_KEY, 0)), "env_steps": int(r.get(ENV_STEPS_KEY, 0) or 0),
+                 "episode_return_mean": float(r.get(RETURN_MEAN_KEY, math.nan))} for _, r in df.iterrows()]
         storage.write_bytes(df.to_csv(index=False).encode(), "progress.csv")
         storage.write_bytes(learning_curve_png(rows, f"{cfg.experiment} (best trial)", cfg.stop.episode_return_mean),
                             "learning_curve.png")
-    fs, path = pafs.FileSystem.from_uri(best.checkpoint.path) if "://" in best.checkpoint.path else (pafs.LocalFileSystem(), best.checkpoint.path)
-    row = {"iteration": summary["iterations"], "env_steps": summary["env_steps"],
-           "episode_return_mean": summary["episode_return_mean"]}
-    meta = checkpoint_metadata(cfg, "tune-best", row)
-    with fs.open_output_stream(path.rstrip("/") + "/rl_platform.json") as f:
-        f.write(json.dumps(meta, indent=2).encode())
-    return summary
+    row = {"iteration": result.iterations, "env_steps": result.env_steps,
+           "episode_return_mean": math.nan if result.episode_return_mean is None else result.episode_return_mean}
+    ckpt = Storage(result.checkpoint, best.checkpoint.filesystem, best.checkpoint.path.rstrip("/"))
+    write_metadata(ckpt, checkpoint_metadata(cfg, "tune-best", row))
+    return result

@@ -51,17 +51,48 @@ def validate(cfg) -> None:
     for key in ("num_env_runners", "num_learners", "torch_threads"):
         if r[key] < 0:
             raise TrainerError(f"resources.{key} must be >= 0, got {r[key]}")
+    if cfg.fault_tolerance.stop_grace_s <= 0:
+        raise TrainerError(f"fault_tolerance.stop_grace_s must be > 0, got {cfg.fault_tolerance.stop_grace_s}")
+    if r.wait_for_resources_s < 0:
+        raise TrainerError(f"resources.wait_for_resources_s must be >= 0, got {r.wait_for_resources_s}")
+    if r.auth not in ("token", "disabled"):
+        raise TrainerError(f"resources.auth must be token or disabled, not {r.auth!r}")
     if r.num_gpus_per_learner > 0 and r.num_learners == 0:
         raise TrainerError("resources.num_gpus_per_learner > 0 needs resources.num_learners >= 1 (a GPU learner actor)")
     a = cfg.algo
+    from trainer.precision import check as check_precision
+
+    problem = check_precision(a.precision, r.num_learners, r.num_gpus_per_learner, a.grad_clip)
+    if problem:
+        raise TrainerError(problem)
     if a.lr <= 0 or a.train_batch_size <= 0:
         raise TrainerError("algo.lr and algo.train_batch_size must be > 0")
     if a.name == "ppo" and a.minibatch_size > a.train_batch_size:
         raise TrainerError(f"algo.minibatch_size ({a.minibatch_size}) > algo.train_batch_size ({a.train_batch_size})")
     if cfg.env.num_envs_per_env_runner < 1:
         raise TrainerError("env.num_envs_per_env_runner must be >= 1")
+    if cfg.debug.timeline and "://" in cfg.debug.timeline:
+        raise TrainerError(f"debug.timeline must be a local file path, not {cfg.debug.timeline!r}")
     if cfg.checkpoint.every_n_iterations < 0 or cfg.checkpoint.keep < 1:
         raise TrainerError("checkpoint.every_n_iterations must be >= 0 and checkpoint.keep >= 1")
+    if cfg.tune.scheduler != "none":
+        check_param_space(cfg)
+
+
+SAMPLERS = ("loguniform", "uniform", "choice", "randint", "grid_search")  # tune.param_space value forms
+
+
+def check_param_space(cfg) -> None:
+    """tune.param_space names algo keys and uses known samplers (trainer/tuning.py builds the search space)."""
+    space = OmegaConf.to_container(cfg.tune.param_space, resolve=True)
+    unknown = [k for k in space if k not in cfg.algo]
+    if unknown:
+        raise TrainerError(f"tune.param_space names keys that algo/{cfg.algo.name} does not have: {unknown}")
+    for key, spec in space.items():
+        if isinstance(spec, dict) and (len(spec) != 1 or next(iter(spec)) not in SAMPLERS):
+            raise TrainerError(
+                f"tune.param_space.{key}: expected one of {', '.join(SAMPLERS)} as the only key, got {list(spec)}"
+            )
 
 
 def default_output_dir(cfg) -> str:

@@ -7,8 +7,10 @@ The tools are built by `make tools` into a cache outside the repo. When one is m
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
+import shlex
 import shutil
 import subprocess
 from pathlib import Path
@@ -20,6 +22,14 @@ ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "rl-platform"
 CI_VALUES = sorted((CHART / "ci").glob("*-values.yaml"))
 K8S_VALUES = ROOT / "k8s" / "values"
+# Values files that are overlays, installed on top of a base file (hack/deploy-cluster.sh: kind.yaml + local.yaml).
+K8S_OVERLAYS = {"local.yaml": "kind.yaml"}
+
+
+def k8s_values_stack(path: Path) -> list[Path]:
+    """The -f files a k8s/values file is installed with: its base first when it is an overlay."""
+    base = K8S_OVERLAYS.get(path.name)
+    return [K8S_VALUES / base, path] if base else [path]
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 
@@ -149,3 +159,81 @@ def pod_templates_with_metadata(doc: dict) -> list[tuple[str, dict, dict]]:
 def pod_templates(doc: dict) -> list[tuple[str, dict]]:
     """(where, pod template spec) of every pod a KubeRay object makes, incl. the RayJob submitter."""
     return [(w, s) for w, _, s in pod_templates_with_metadata(doc)]
+
+
+# -- what the Ray nodes of a rendering advertise ---------------------------------------------------------------------
+_UNITS = {"": 1, "m": 1e-3, "k": 1e3, "Ki": 2**10, "M": 1e6, "Mi": 2**20, "G": 1e9, "Gi": 2**30, "T": 1e12,
+          "Ti": 2**40}
+
+
+def quantity(q) -> float:
+    """A Kubernetes quantity ("500m", "4Gi", 2) as a number."""
+    if isinstance(q, (int, float)):
+        return float(q)
+    m = re.fullmatch(r"([0-9]+(?:\.[0-9]+)?)(m|k|Ki|M|Mi|G|Gi|T|Ti)?", str(q))
+    assert m, f"not a quantity: {q!r}"
+    return float(m.group(1)) * _UNITS[m.group(2) or ""]
+
+
+def cluster_specs(doc: dict) -> list[tuple[str, dict]]:
+    """(where, RayCluster spec) of a RayCluster, a RayJob with its own cluster, or a RayService."""
+    kind, spec = doc.get("kind"), doc.get("spec", {})
+    if kind == "RayCluster":
+        return [("RayCluster/spec", spec)]
+    if kind == "RayJob" and "rayClusterSpec" in spec:
+        return [("RayJob/spec.rayClusterSpec", spec["rayClusterSpec"])]
+    if kind == "RayService":
+        return [("RayService/spec.rayClusterConfig", spec["rayClusterConfig"])]
+    return []
+
+
+def ray_groups(cluster_spec: dict) -> list[tuple[str, dict, dict, int]]:
+    """(group, rayStartParams, pod spec, replicas) of the head ("head", 1 replica) and every worker group; the Ray
+    container is the pod's first."""
+    head = cluster_spec["headGroupSpec"]
+    out = [("head", head.get("rayStartParams", {}), head["template"]["spec"], 1)]
+    for g in cluster_spec.get("workerGroupSpecs", []):
+        out.append((g["groupName"], g.get("rayStartParams", {}), g["template"]["spec"], int(g.get("replicas", 0))))
+    return out
+
+
+def ray_node_resources(params: dict, container: dict) -> tuple[dict[str, float], list[str]]:
+    """The Ray resources a node of this group advertises, and what KubeRay 1.6 complains about on the way.
+
+    Follows KubeRay's generateRayStartCommand (ray-operator/controllers/ray/common/pod.go): num-cpus from the CPU
+    limit (else request) and memory from the memory limit unless set; `--num-gpus` from the nvidia.com/gpu limit only
+    when KubeRay can JSON-parse `resources` after trimming the quotes around it ("failed to add accelerator
+    resources" otherwise); then `ray start --key=value ...` through the shell.
+    """
+    params = {k: str(v) for k, v in params.items()}
+    res = container.get("resources", {})
+    limits, requests = res.get("limits", {}), res.get("requests", {})
+    errors = []
+    if "num-cpus" not in params and (limits.get("cpu") or requests.get("cpu")):
+        params["num-cpus"] = str(math.ceil(quantity(limits.get("cpu") or requests["cpu"])))
+    if "memory" not in params and limits.get("memory"):
+        params["memory"] = str(math.ceil(quantity(limits["memory"])))
+    if limits:
+        try:
+            json.loads(params.get("resources", "{}").strip("'\"` "))
+        except ValueError as e:
+            errors.append(f"failed to add accelerator resources: {e}")
+        else:
+            if "num-gpus" not in params and quantity(limits.get("nvidia.com/gpu", 0)) > 0:
+                params["num-gpus"] = str(math.ceil(quantity(limits["nvidia.com/gpu"])))
+    flags = []
+    for k in sorted(params):  # convertParamMap: "true"/"false" are switches
+        v = params[k]
+        if v.lower() in ("true", "false") and k not in ("log-color", "include-dashboard"):
+            flags += [f"--{k}"] if v.lower() == "true" else []
+        else:
+            flags.append(f"--{k}={v}")
+    argv = dict(a[2:].split("=", 1) if "=" in a else (a[2:], "true") for a in shlex.split(" ".join(flags)))
+    out = {"CPU": float(argv.get("num-cpus", 0)), "GPU": float(argv.get("num-gpus", 0))}
+    if "memory" in argv:
+        out["memory"] = float(argv["memory"])
+    if "object-store-memory" in argv:
+        out["object_store_memory"] = float(argv["object-store-memory"])
+    if "resources" in argv:
+        out.update(json.loads(argv["resources"]))
+    return out, errors

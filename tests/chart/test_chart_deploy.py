@@ -12,7 +12,8 @@ pytestmark = pytest.mark.chart
 
 
 def _run(env_updates, *args):
-    env = {**os.environ, **env_updates}
+    # CLUSTER=kind: these checks are about the kind path; never let "auto" pick (and start) another cluster.
+    env = {**os.environ, "CLUSTER": "kind", **env_updates}
     return subprocess.run([str(ROOT / "hack" / "deploy-cluster.sh"), *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=60)
 

@@ -4,7 +4,7 @@ prometheus-operator schemas (all offline, built by `make tools`)."""
 import pytest
 import yaml
 
-from chartkit import CI_VALUES, K8S_VALUES, ROOT
+from chartkit import CI_VALUES, K8S_VALUES, ROOT, k8s_values_stack
 
 pytestmark = pytest.mark.chart
 
@@ -30,12 +30,14 @@ def test_rendered_chart_is_valid(tools, values):
         expected += ["PodMonitor", "PrometheusRule", "ConfigMap", "RayService"]
     if values and values.name == "gpu-learners-values.yaml":
         expected += ["RayJob", "PersistentVolumeClaim"]
+    if values and values.name == "hostpath-storage-values.yaml":
+        expected += ["PersistentVolume", "PersistentVolumeClaim"]
     _assert_all_valid(rc, resources, out, expected)
 
 
 @pytest.mark.parametrize("values", sorted(K8S_VALUES.glob("*.yaml")), ids=lambda p: f"k8s/values/{p.name}")
 def test_k8s_values_render_valid_manifests(tools, values):
-    rc, resources, out = tools.kubeconform(stdin=tools.template(values).stdout)
+    rc, resources, out = tools.kubeconform(stdin=tools.template(*k8s_values_stack(values)).stdout)
     _assert_all_valid(rc, resources, out)
     assert resources
 
@@ -57,7 +59,7 @@ def test_k8s_manifest_is_valid(tools, path):
     [
         ("RayCluster", "    serviceType: ClusterIP\n", "    serviceType: ClusterIP\n    bogusField: 1\n"),
         ("RayCluster", "      replicas: 2\n", "      replicas: \"two\"\n"),
-        ("PodDisruptionBudget", "  maxUnavailable: 1\n", "  maxUnavailable: 1\n  maxUnavilable: 1\n"),
+        ("PodDisruptionBudget", "  minAvailable: 1\n", "  minAvailable: 1\n  minAvailabel: 1\n"),
         ("ServiceAccount", "automountServiceAccountToken: false", "automountServiceAccountToken: nope"),
     ],
     ids=["unknown-field-in-raycluster", "wrong-type-in-raycluster", "typo-in-pdb", "wrong-type-in-core"],

@@ -4,6 +4,7 @@ import re
 import subprocess
 
 import pytest
+import yaml
 
 from chartkit import CHART, CI_VALUES
 
@@ -13,7 +14,7 @@ pytestmark = pytest.mark.chart
 def test_ci_values_cover_the_install_cases():
     names = {p.name for p in CI_VALUES}
     assert {"cpu-only-values.yaml", "gpu-learners-values.yaml", "autoscaling-values.yaml",
-            "monitoring-on-values.yaml", "monitoring-off-values.yaml"} <= names
+            "monitoring-on-values.yaml", "monitoring-off-values.yaml", "hostpath-storage-values.yaml"} <= names
 
 
 @pytest.mark.parametrize("values", CI_VALUES, ids=lambda p: p.name)
@@ -37,10 +38,14 @@ def test_helm_unittest_suites_pass(tools):
     proc = subprocess.run([tools.path("HELM_UNITTEST"), "--color=false", str(CHART)], capture_output=True, text=True)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
-    m = re.search(r"Tests:\s+(\d+) passed, (\d+) total", out)
-    assert m, out
-    # The suites under charts/rl-platform/tests: a drop in the count means a suite stopped being picked up.
-    assert int(m.group(1)) == int(m.group(2)) >= 45, out
+    suites = re.search(r"Test Suites:\s+(\d+) passed, (\d+) total", out)
+    tests = re.search(r"Tests:\s+(\d+) passed, (\d+) total", out)
+    assert suites and tests, out
+    # Every suite file and every case in it ran: a vanished, renamed or unparsed file changes these counts.
+    files = sorted((CHART / "tests").glob("*.y*ml"))  # a suite renamed off helm-unittest's *_test.yaml is missed
+    cases = sum(len(yaml.safe_load(f.read_text()).get("tests") or []) for f in files)
+    assert int(suites.group(1)) == int(suites.group(2)) == len(files) >= 8, out
+    assert int(tests.group(1)) == int(tests.group(2)) == cases, (cases, out)
 
 
 def test_helm_unittest_catches_a_broken_template(tools, tmp_path):

@@ -1,6 +1,7 @@
 """k8s/ stays what `make manifests` renders from the chart, and agrees with the trainer, serving and kind."""
 
 import filecmp
+import re
 import subprocess
 import sys
 
@@ -11,7 +12,7 @@ from chartkit import CHART, ROOT, versions
 
 pytestmark = pytest.mark.chart
 
-GENERATED = ["k8s/jobs/cartpole.yaml", "k8s/jobs/pong.yaml", "k8s/serve/rayservice.yaml"]
+GENERATED = ["k8s/jobs/cartpole.yaml", "k8s/jobs/pong.yaml", "k8s/jobs/pong-ddp.yaml", "k8s/serve/rayservice.yaml"]
 
 
 @pytest.fixture(scope="module")
@@ -21,11 +22,14 @@ def rendered(tools, tmp_path_factory):
     return out
 
 
+def drifted(tree, rendered) -> list[str]:
+    """The generated files under `tree` that differ from a fresh rendering."""
+    return [rel for rel in GENERATED if (tree / rel).read_text() != (rendered / rel).read_text()]
+
+
 @pytest.mark.parametrize("rel", GENERATED)
 def test_k8s_manifest_matches_the_chart(rendered, rel):
-    fresh = (rendered / rel).read_text()
-    committed = (ROOT / rel).read_text()
-    assert committed == fresh, f"{rel} drifted from the chart: run `make manifests` and commit the result"
+    assert rel not in drifted(ROOT, rendered), f"{rel} drifted from the chart: run `make manifests` and commit the result"
 
 
 def test_no_stale_generated_files(rendered):
@@ -43,11 +47,17 @@ def test_chart_serve_config_is_a_copy_of_the_serving_config():
         "charts/rl-platform/files/serve_config.yaml differs from serving/serve_config.yaml: run `make manifests`"
 
 
-def test_drift_is_detected(tools, tmp_path):
-    """The comparison bites: a hand edit of a generated file differs from a fresh rendering."""
-    subprocess.run([str(ROOT / "hack" / "render-manifests.sh"), str(tmp_path)], check=True, capture_output=True)
-    edited = (ROOT / "k8s/jobs/cartpole.yaml").read_text().replace("replicas: 1", "replicas: 3", 1)
-    assert edited != (tmp_path / "k8s/jobs/cartpole.yaml").read_text()
+def test_drift_is_detected(rendered, tmp_path):
+    """The check bites: on a copy of k8s/ with one hand-edited manifest, the same comparison flags that file."""
+    import shutil
+
+    shutil.copytree(ROOT / "k8s", tmp_path / "k8s")
+    target = tmp_path / "k8s/jobs/cartpole.yaml"
+    text = target.read_text()
+    edited = text.replace("replicas: 1", "replicas: 3", 1)
+    assert edited != text
+    target.write_text(edited)
+    assert drifted(tmp_path, rendered) == ["k8s/jobs/cartpole.yaml"]
 
 
 def _docs(rel):
@@ -96,7 +106,7 @@ def test_rayservice_serves_the_serving_config_with_the_pong_checkpoint():
     assert checkpoints and all(c.startswith(out_dir + "/") for c in checkpoints)
 
 
-@pytest.mark.parametrize("rel", ["k8s/jobs/cartpole.yaml", "k8s/jobs/pong.yaml"])
+@pytest.mark.parametrize("rel", ["k8s/jobs/cartpole.yaml", "k8s/jobs/pong.yaml", "k8s/jobs/pong-ddp.yaml"])
 def test_job_entrypoint_composes_with_the_trainers_hydra_config(rel):
     """Run the real entrypoint with `--cfg job`: Hydra composes the config and rejects unknown overrides."""
     if not (ROOT / "trainer" / "__main__.py").exists():
@@ -120,6 +130,7 @@ def test_hydra_check_rejects_an_unknown_override():
                            "resources.no_such_knob=1", "--cfg", "job"], cwd=ROOT, capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode != 0
+    assert "resources.no_such_knob" in proc.stderr, proc.stderr[-2000:]  # names the key
 
 
 def test_kind_nodes_match_the_chart_pools():
@@ -137,10 +148,33 @@ def test_kind_nodes_match_the_chart_pools():
     assert any(t["key"] == tol["key"] and t["effect"] == tol["effect"] for t in taints)
     cpu_node = next(n for n in workers if n.get("labels") == values["workerGroups"]["rollout-cpu"]["nodeSelector"])
     assert "kubeadmConfigPatches" not in cpu_node, "the CPU pool must not carry the GPU taint"
-    # Shared storage of k8s/values/*.yaml (storage.hostPath) is mounted on every worker node.
+    # The hostPath PersistentVolume of the deploy-cluster release (k8s/values/kind.yaml) is the host folder that
+    # every worker node mounts, so any Ray pod on any node sees the same checkpoints.
+    kind_values = yaml.safe_load((ROOT / "k8s/values/kind.yaml").read_text())
+    pv_path = kind_values["storage"]["hostPathVolume"]["path"]
     for n in workers:
-        assert {"hostPath": "/tmp/rl-platform", "containerPath": "/mnt/rl-platform"} in n["extraMounts"]
+        assert {"hostPath": "/tmp/rl-platform", "containerPath": pv_path} in n["extraMounts"]
     assert cfg["name"] == "rl-platform"
+
+
+def test_job_and_serve_manifests_mount_the_claim_the_deploy_release_creates(tools):
+    """k8s/jobs and k8s/serve mount storage.existingClaim; the release of k8s/values/kind.yaml (release and namespace
+    rl-platform, as render-manifests.sh renders) creates that claim and the only PersistentVolume."""
+    import subprocess as sp
+
+    out = sp.run([tools.path("HELM"), "template", "rl-platform", str(CHART), "--namespace", "rl-platform",
+                  "--kube-version", tools.kube_version, "-f", str(ROOT / "k8s/values/kind.yaml")],
+                 capture_output=True, text=True, check=True).stdout
+    release = [d for d in yaml.safe_load_all(out) if d]
+    (claim,) = [d["metadata"]["name"] for d in release if d["kind"] == "PersistentVolumeClaim"]
+    assert [d["kind"] for d in release].count("PersistentVolume") == 1
+    for rel in GENERATED:
+        docs = _docs(rel)
+        assert {d["kind"] for d in docs} <= {"RayJob", "RayService"}, rel
+        text = (ROOT / rel).read_text()
+        assert "hostPath" not in text, rel
+        claims = set(re.findall(r"claimName: (\S+)", text))
+        assert claims == {claim}, (rel, claims)
 
 
 def test_chart_readme_is_up_to_date(rendered):

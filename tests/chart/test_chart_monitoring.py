@@ -2,6 +2,7 @@
 valid JSON that use only metrics from monitoring.metrics."""
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -36,10 +37,15 @@ def test_promtool_check_rules(tools, tmp_path):
 
 def test_promtool_check_rules_rejects_a_broken_expression(tools, tmp_path):
     groups = _rules(tools)
-    groups["groups"][0]["rules"][0]["expr"] += " by ("
+    rule = groups["groups"][0]["rules"][0]
+    rule["expr"] += " by ("
     proc = subprocess.run([tools.promtool(), "check", "rules", str(_write(tmp_path, groups))],
                           capture_output=True, text=True)
     assert proc.returncode != 0
+    out = proc.stdout + proc.stderr
+    # The message names the rule and says what is wrong with its expression.
+    name = rule.get("record") or rule["alert"]
+    assert f'"{name}": could not parse expression' in out and "unexpected <by>" in out, out
 
 
 def test_promtool_rule_unit_tests(tools, tmp_path):
@@ -93,3 +99,62 @@ def test_dashboards_are_valid_grafana_json(tools):
     assert uids == {"rl-platform-training", "rl-platform-serving", "rayDefaultDashboard", "rayServeDashboard",
                     "rayServeDeploymentDashboard"}
     assert all(len(yaml.safe_dump(cm)) < 512 * 1024 for cm in maps)
+
+
+def test_training_metric_names_in_values_are_the_ones_the_trainer_exports():
+    """values.yaml names trainer/metrics.py's series as Ray exports them (`ray_` prefix, `_total` on counters)."""
+    from trainer.metrics import NAMES
+
+    metrics = yaml.safe_load((CHART / "values.yaml").read_text())["monitoring"]["metrics"]
+    exported = {f"ray_{n}_total" if k in ("env_steps", "iterations") else f"ray_{n}" for k, n in NAMES.items()}
+    train = {v for k, v in metrics.items() if k.startswith("train")}
+    assert train and train <= exported, train - exported
+
+
+def test_podmonitors_become_a_valid_kubernetes_sd_scrape_config(tools, tmp_path):
+    """hack/promconfig.py: the PodMonitors as plain Prometheus scrape configs (no operator); promtool accepts them."""
+    import sys
+
+    sys.path.insert(0, str(CHART.parents[1] / "hack"))
+    import promconfig
+
+    docs = tools.render(sets={"monitoring.enabled": True})
+    configs = promconfig.scrape_configs(docs)
+    assert len(configs) == 3
+    head = next(c for c in configs if c["job_name"].endswith("-head/0"))
+    assert head["kubernetes_sd_configs"] == [{"role": "pod", "namespaces": {"names": ["rl"]}}]
+    keeps = {tuple(r["source_labels"]): r["regex"] for r in head["relabel_configs"] if r.get("action") == "keep"}
+    assert keeps[("__meta_kubernetes_pod_label_ray_io_node_type", "__meta_kubernetes_pod_labelpresent_ray_io_node_type")] == "(head);true"
+    assert keeps[("__meta_kubernetes_pod_label_rl_platform_io_workload", "__meta_kubernetes_pod_labelpresent_rl_platform_io_workload")] == "(cluster|job);true"
+    assert keeps[("__meta_kubernetes_pod_container_port_name",)] == "metrics"
+    # As the operator (filterRunning defaults to true): finished pods are not scraped.
+    assert head["relabel_configs"][0] == {"action": "drop", "source_labels": ["__meta_kubernetes_pod_phase"],
+                                          "regex": "(Failed|Succeeded)"}
+    assert {"target_label": "ray_io_cluster", "source_labels": ["__meta_kubernetes_pod_label_ray_io_cluster"],
+            "regex": "(.+)", "replacement": "${1}"} in head["relabel_configs"]
+    # Debian's Prometheus build leaves out kubernetes_sd (its client-go dependency): promtool checks the relabelings
+    # with a file_sd stand-in; a cluster's Prometheus (upstream build) takes the kubernetes_sd configs as they are.
+    checkable = [{**{k: v for k, v in c.items() if k != "kubernetes_sd_configs"},
+                  "file_sd_configs": [{"files": [str(tmp_path / "pods.json")]}]} for c in configs]
+    path = tmp_path / "prometheus.yml"
+    path.write_text(yaml.safe_dump({"scrape_configs": checkable}, sort_keys=False))
+    proc = subprocess.run([tools.promtool(), "check", "config", str(path)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    # The CLI says what is wrong in one line when the input has no PodMonitor.
+    cli = subprocess.run([sys.executable, str(CHART.parents[1] / "hack" / "promconfig.py"), "podmonitors"],
+                         input="kind: ConfigMap\n", capture_output=True, text=True)
+    assert cli.returncode == 2 and cli.stderr.count("\n") == 1 and "no PodMonitor" in cli.stderr
+    # Outside the cluster: --kubeconfig names the apiserver and credentials, as an absolute path (Prometheus reads a
+    # relative one relative to its config file); a missing file is refused in one line.
+    (tmp_path / "kc").write_text("{}")
+    rendered = tmp_path / "rendered.yaml"
+    rendered.write_text(yaml.safe_dump_all(docs))
+    cli = subprocess.run([sys.executable, str(CHART.parents[1] / "hack" / "promconfig.py"), "podmonitors",
+                          str(rendered), "--kubeconfig", "kc"], capture_output=True, text=True, cwd=tmp_path)
+    assert cli.returncode == 0, cli.stderr
+    sds = [sd for c in yaml.safe_load(cli.stdout)["scrape_configs"] for sd in c["kubernetes_sd_configs"]]
+    assert len(sds) == 3 and all(os.path.isabs(sd["kubeconfig_file"]) for sd in sds)
+    assert {os.path.realpath(sd["kubeconfig_file"]) for sd in sds} == {os.path.realpath(tmp_path / "kc")}
+    cli = subprocess.run([sys.executable, str(CHART.parents[1] / "hack" / "promconfig.py"), "podmonitors",
+                          str(rendered), "--kubeconfig", str(tmp_path / "absent")], capture_output=True, text=True)
+    assert cli.returncode == 2 and cli.stderr.count("\n") == 1 and "absent: no such file" in cli.stderr

@@ -1,9 +1,13 @@
 """Security properties of every rendering: Ray ports never leave ClusterIP, pods pass the "restricted" Pod Security
-Standard (kind-only hostPath storage excepted), and the NetworkPolicy covers every Ray pod."""
+Standard (k8s/ files included: shared storage is a claim, never a hostPath volume), and the NetworkPolicy covers every
+Ray pod."""
 
 import pytest
+import yaml
 
-from chartkit import CI_VALUES, K8S_VALUES, pod_templates, pod_templates_with_metadata
+from chartkit import CI_VALUES, K8S_VALUES, ROOT, k8s_values_stack, pod_templates, pod_templates_with_metadata
+
+K8S_MANIFESTS = sorted([*(ROOT / "k8s" / "jobs").glob("*.yaml"), *(ROOT / "k8s" / "serve").glob("*.yaml")])
 
 pytestmark = pytest.mark.chart
 
@@ -60,15 +64,43 @@ def test_restricted_check_bites(tools):
 
 
 @pytest.mark.parametrize("values", sorted(K8S_VALUES.glob("*.yaml")), ids=lambda p: p.name)
-def test_k8s_values_pods_are_restricted_except_kind_hostpath_storage(tools, values):
-    # k8s/values/* mount kind's shared host folder: the one known exception ...
-    rc, results, _ = tools.pod_security(_pods(tools.render(values)))
-    assert rc == 1
-    for r in results:
-        assert r["allowed"] or r["forbidden"].startswith('restricted volume types (volume "storage" uses'), r
-    # ... and without it the same pods pass.
-    rc, results, _ = tools.pod_security(_pods(tools.render(values, sets={"storage.hostPath": ""})))
-    assert rc == 0, results
+def test_k8s_values_pods_pass_the_restricted_pod_security_standard(tools, values):
+    docs = tools.render(*k8s_values_stack(values))
+    pods = _pods(docs)
+    assert pods
+    rc, results, err = tools.pod_security(pods)
+    assert [r for r in results if not r["allowed"]] == [] and rc == 0, err
+    for where, _, spec in pods:
+        assert all("hostPath" not in v for v in spec.get("volumes", [])), where
+
+
+@pytest.mark.parametrize("path", K8S_MANIFESTS, ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_k8s_manifests_pass_the_restricted_pod_security_standard(tools, path):
+    """What users apply into the namespace `make deploy-cluster` labels enforce=restricted."""
+    docs = [d for d in yaml.safe_load_all(path.read_text()) if d]
+    pods = _pods(docs)
+    assert pods
+    rc, results, err = tools.pod_security(pods)
+    assert [r for r in results if not r["allowed"]] == [] and rc == 0, err
+    assert len(results) == len(pods)
+    assert "hostPath" not in path.read_text()
+
+
+def test_hostpath_storage_reaches_pods_only_through_a_claim(tools):
+    docs = tools.render(sets={"storage.enabled": True, "storage.hostPathVolume.enabled": True})
+    (pv,) = [d for d in docs if d["kind"] == "PersistentVolume"]
+    (pvc,) = [d for d in docs if d["kind"] == "PersistentVolumeClaim"]
+    assert pv["spec"]["hostPath"]["path"] == "/mnt/rl-platform"
+    assert pv["spec"]["persistentVolumeReclaimPolicy"] == "Retain"
+    assert pv["spec"]["claimRef"] == {"namespace": "rl", "name": pvc["metadata"]["name"]}
+    assert pvc["spec"]["volumeName"] == pv["metadata"]["name"] and pvc["spec"]["storageClassName"] == ""
+    pods = _pods(docs)
+    for where, _, spec in pods:
+        (storage,) = [v for v in spec["volumes"] if v["name"] == "storage"] if "submitter" not in where else [None]
+        assert storage is None or storage == {"name": "storage",
+                                              "persistentVolumeClaim": {"claimName": pvc["metadata"]["name"]}}
+    rc, results, err = tools.pod_security(pods)
+    assert rc == 0, err
 
 
 def test_network_policy_selects_every_ray_pod(tools):

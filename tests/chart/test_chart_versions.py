@@ -53,8 +53,78 @@ def test_tools_live_in_a_versioned_cache_outside_the_repo(tools):
     assert out.startswith(f"v{v['HELM_VERSION']}")
 
 
-def test_kuberay_schemas_come_from_the_pinned_version_or_the_declared_fallback(tools):
+def test_kuberay_schemas_come_from_the_pinned_version(tools):
+    """The chart is validated against the pinned KubeRay's CRDs. While hack/tools.sh had to use the declared
+    fallback (mk/versions.mk KUBERAY_CRD_FALLBACK_VERSION), this does not pass: it is reported as XFAIL with
+    both versions in every run's summary (-ra), never as a silent pass. Any other version fails."""
     v = versions()
     version_file = tools.path("KUBERAY_SCHEMAS").rsplit("/", 1)[0] + "/VERSION"
     got = open(version_file).read().strip()
-    assert got in (v["KUBERAY_VERSION"], v.get("KUBERAY_CRD_FALLBACK_VERSION"))
+    fallback = v.get("KUBERAY_CRD_FALLBACK_VERSION")
+    assert got in (v["KUBERAY_VERSION"], fallback), f"KubeRay CRD schemas of v{got}: neither pinned nor the fallback"
+    if got != v["KUBERAY_VERSION"]:
+        pytest.xfail(f"CHART VALIDATED AGAINST KubeRay v{got} CRDs (the declared fallback), NOT the pinned "
+                     f"v{v['KUBERAY_VERSION']}: fields new in v{v['KUBERAY_VERSION']} are unchecked. Delete "
+                     f"KUBERAY_CRD_FALLBACK_VERSION in mk/versions.mk once v{v['KUBERAY_VERSION']} downloads.")
+
+
+def _tracked_text_files():
+    out = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True, text=True,
+                         check=True).stdout.split()
+    for rel in out:
+        path = ROOT / rel
+        if path.is_file() and path.suffix not in (".png", ".tgz", ".gz", ".whl") and "/dashboards/" not in rel:
+            try:
+                yield rel, path.read_text()
+            except UnicodeDecodeError:
+                continue
+
+
+def _image_version(tag: str) -> str:
+    return tag.rsplit(":", 1)[1].rsplit("-", 1)[0]  # rl-platform:0.1.0-cpu -> 0.1.0
+
+
+def test_copies_that_cannot_be_derived_agree_with_versions_mk():
+    """pyproject and Chart.yaml cannot read mk/versions.mk: they keep copies, and this test is their drift check."""
+    import tomllib
+
+    v = versions()
+    image_version = _image_version(v["IMAGE_CPU"])
+    assert _image_version(v["IMAGE_GPU"]) == image_version
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert project["version"] == image_version
+    ray_pins = [d for d in project["dependencies"] if re.match(r"ray(\[|==)", d)]
+    assert ray_pins and all(d.endswith(f"=={v['RAY_VERSION']}") for d in ray_pins), ray_pins
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert chart["appVersion"] == image_version
+    values_text = (CHART / "values.yaml").read_text()
+    assert set(re.findall(r"\bRay (\d+\.\d+\.\d+)", values_text)) <= {v["RAY_VERSION"]}
+
+
+def test_every_image_tag_and_ray_pin_in_the_repo_is_the_pinned_one():
+    """Docs, generated manifests, helm-unittest suites and scripts may spell the tags; none may drift."""
+    v = versions()
+    tag = re.compile(r"\brl-platform:(\d[\w.]*)-(cpu|gpu)\b")
+    pin = re.compile(r"\bray(?:\[[a-z,]+\])?==(\d+\.\d+\.\d+)")
+    offenders = []
+    for rel, text in _tracked_text_files():
+        if rel == "mk/versions.mk":
+            continue
+        for m in tag.finditer(text):
+            if m.group(0) != v["IMAGE_CPU" if m.group(2) == "cpu" else "IMAGE_GPU"]:
+                offenders.append(f"{rel}: {m.group(0)}")
+        for m in pin.finditer(text):
+            if m.group(1) != v["RAY_VERSION"]:
+                offenders.append(f"{rel}: {m.group(0)}")
+    assert offenders == []
+
+
+def test_dockerfiles_and_build_scripts_derive_the_image_version():
+    """The image version is not written in the Dockerfiles, mk/images.mk or hack/images.sh: it comes from the tag."""
+    image_version = _image_version(versions()["IMAGE_CPU"])
+    for rel in ("Dockerfile.cpu", "Dockerfile.gpu", "mk/images.mk", "hack/images.sh"):
+        text = (ROOT / rel).read_text()
+        assert not re.search(rf"(?<![\d.]){re.escape(image_version)}(?![\d.])", text), rel
+    for rel in ("Dockerfile.cpu", "Dockerfile.gpu"):
+        assert 'org.opencontainers.image.version="${IMAGE_VERSION}"' in (ROOT / rel).read_text()
+    assert '--build-arg "IMAGE_VERSION=$(image_version "${image}")"' in (ROOT / "hack/images.sh").read_text()

@@ -10,6 +10,8 @@ import os
 import re
 
 import pytest
+
+from rl_checkpoint import resolve
 from containerkit import (
     HARDENED,
     IMAGES_SH,
@@ -58,7 +60,7 @@ set -e
 id -u; id -g
 python - <<'EOF'
 import importlib.metadata as md, json, os, sys
-import cv2, gymnasium as gym, ale_py, torch, ray, trainer, serving, rl_envs
+import cv2, gymnasium as gym, ale_py, torch, ray, trainer, serving, rl_envs, rl_checkpoint
 gym.register_envs(ale_py)
 env = gym.make("ALE/Pong-v5")            # the ROM ships inside ale-py: no download
 obs, _ = env.reset(seed=0)
@@ -154,7 +156,7 @@ def test_trainer_cartpole_smoke(trainer_run):
     assert s["env_steps"] > 0 and s["iterations"] == 1
     ckpt = trainer_run.checkpoint_on_host()
     assert (ckpt / "rllib_checkpoint.json").is_file()
-    assert (ckpt / "learner_group" / "learner" / "rl_module" / "default_policy").is_dir()
+    assert resolve(str(ckpt)).module_rel  # an Algorithm checkpoint holding the RLModule (raises if partial)
     # Written by the image's non-root user.
     assert ckpt.stat().st_uid == 1000
     print(f"\n[containers] trainer smoke: {trainer_run.wall_s:.1f} s in the container (memory limit {MEMORY})")
@@ -163,18 +165,27 @@ def test_trainer_cartpole_smoke(trainer_run):
 # ------------------------------------------------------------------------------------------------ serving
 
 
-def test_serving_container_answers(serve_container):
+def test_serving_container_answers(serve_container, trainer_run):
     sc = serve_container
     code, body = http(sc.api + "/healthz")
     assert code == 200 and json.loads(body)["status"] == "ok"
     assert http(sc.api + "/readyz")[0] == 200
-    code, body = http(sc.api + "/v1/policies/default/act", {"observation": [0.01, -0.02, 0.03, 0.04]})
+    obs = [0.01, -0.02, 0.03, 0.04]
+    code, body = http(sc.api + "/v1/policies/default/act", {"observation": obs})
     assert code == 200, body
     reply = json.loads(body)
-    assert reply["action"] in (0, 1) and reply["policy"] == "default"
-    # A malformed request is the client's error, not a crash.
-    code, _ = http(sc.api + "/v1/policies/default/act", {"observation": [0.0]})
-    assert 400 <= code < 500
+    assert reply["policy"] == "default"
+    # The container's answer is the greedy action of the checkpoint's RLModule, computed here on the host.
+    import torch
+    from ray.rllib.core.rl_module.rl_module import RLModule
+
+    module = RLModule.from_checkpoint(str(resolve(str(trainer_run.checkpoint_on_host())).local_module_dir()[0]))
+    with torch.no_grad():
+        logits = module.forward_inference({"obs": torch.tensor([obs], dtype=torch.float32)})["action_dist_inputs"]
+    assert reply["action"] == int(logits.argmax(-1)[0]), (reply, logits)
+    # A malformed request is the client's error, named, not a crash.
+    code, body = http(sc.api + "/v1/policies/default/act", {"observation": [0.0]})
+    assert code == 422 and json.loads(body)["error"]["code"] == "bad_shape", body
     print(f"\n[containers] serve container start-to-ready: {sc.ready_s:.1f} s")
 
 
@@ -187,9 +198,14 @@ def test_serving_container_metrics(serve_container):
         text = body.decode()
         return code == 200 and "ray_serve_" in text and text
 
-    text = wait_for(scraped, 60, "ray_serve_* metrics on :8080", interval=1.0)
+    def ours():
+        text = scraped()
+        return text and "ray_rl_serve_requests_total" in text and "ray_rl_serve_policy_info" in text and text
+
+    text = wait_for(ours, 60, "ray_serve_* and ray_rl_serve_* metrics on :8080", interval=1.0)
     names = {ln.split("{")[0].split(" ")[0] for ln in text.splitlines() if ln.startswith("ray_")}
     assert any(n.startswith("ray_serve_") for n in names)
+    assert {"ray_rl_serve_requests_total", "ray_rl_serve_policy_info", "ray_rl_serve_batch_size_bucket"} <= names, names
     assert len(names) > 20
 
 
@@ -202,12 +218,13 @@ def test_serving_container_is_hardened_and_healthy(serve_container):
     assert hc["Test"][-1] == "/usr/local/bin/rlp-healthcheck"
 
     # Docker's own HEALTHCHECK (interval 10 s) turns "healthy" once /healthz answers.
-    def healthy():
+    # wait_for keeps polling through exceptions, so "unhealthy" ends the wait as a value, asserted after it.
+    def settled():
         st = docker("inspect", "-f", "{{.State.Health.Status}}", sc.name).stdout.strip()
-        assert st != "unhealthy", st
-        return st == "healthy"
+        return st if st in ("healthy", "unhealthy") else None
 
-    wait_for(healthy, 60, "docker health status 'healthy'", interval=1.0, on_timeout=sc.logs)
+    status = wait_for(settled, 60, "docker health status 'healthy'", interval=1.0, on_timeout=sc.logs)
+    assert status == "healthy", f"docker reports the serving container {status}:\n{sc.logs()}"
 
 
 # ------------------------------------------------------------------------------------------------ build plumbing

@@ -14,7 +14,6 @@ import os
 import queue
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -30,13 +29,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from make_checkpoint import make_module_checkpoint  # noqa: E402
 
+from rl_checkpoint import resolve  # noqa: E402
 from serving import launch  # noqa: E402
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from trainer_helpers import free_port, stop_process  # noqa: E402
 
 
 def subprocess_env() -> dict[str, str]:
@@ -46,6 +41,23 @@ def subprocess_env() -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join([str(REPO)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     return env
+
+
+def metric_samples(text: str, name: str, **labels: str) -> list[tuple[dict, float]]:
+    """Samples of `name` (a sample name: `..._total`, `..._bucket`, ...) whose labels include `labels`."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return [(s.labels, s.value) for fam in text_string_to_metric_families(text) for s in fam.samples
+            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())]
+
+
+def scrape(url: str) -> str:
+    import requests
+
+    try:
+        return requests.get(url, timeout=10).text
+    except requests.RequestException:
+        return ""
 
 
 @pytest.fixture(scope="session")
@@ -64,7 +76,7 @@ def cartpole_checkpoint(serving_workdir) -> str:
     proc = subprocess.run(cmd, cwd=REPO, env=subprocess_env(), capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, f"trainer failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     ckpt = json.loads(proc.stdout.strip().splitlines()[-1])["checkpoint"]
-    assert (Path(ckpt) / "rl_platform.json").is_file()
+    assert resolve(ckpt).metadata is not None
     return ckpt
 
 
@@ -87,8 +99,10 @@ def pong_checkpoint(serving_workdir) -> str:
 class ServerProcess:
     """`python -m serving` in a subprocess; stdout JSON events are collected by a reader thread."""
 
-    def __init__(self, workdir: Path, policies: dict[str, str], **user_config):
+    def __init__(self, workdir: Path, policies: dict[str, str], extra_args: tuple[str, ...] = (), **user_config):
         self.workdir = workdir
+        # Where replicas download remote checkpoints (inspected by the URI tests).
+        self.checkpoint_cache = workdir / "checkpoint_cache"
         self.port, self.metrics_port = free_port(), free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.metrics_url = f"http://127.0.0.1:{self.metrics_port}/metrics"
@@ -101,9 +115,9 @@ class ServerProcess:
         self._log = open(self.log_path, "w")
         cmd = [sys.executable, "-m", "serving", "--config", str(self.config_path), "--port", str(self.port),
                "--proxy-port", str(free_port()), "--metrics-port", str(self.metrics_port),
-               "--temp-dir", str(workdir / "ray"), "--num-cpus", "2"]
-        self.proc = subprocess.Popen(cmd, cwd=REPO, env=subprocess_env(), stdout=subprocess.PIPE, stderr=self._log,
-                                     text=True)
+               "--temp-dir", str(workdir / "ray"), "--num-cpus", "2", *extra_args]
+        env = {**subprocess_env(), "RL_PLATFORM_CHECKPOINT_CACHE": str(self.checkpoint_cache)}
+        self.proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=self._log, text=True)
         threading.Thread(target=self._read, daemon=True).start()
         self.wait_event("ready", 300)
 
@@ -147,19 +161,26 @@ class ServerProcess:
         return self.log_path.read_text()[-n:]
 
     def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-            try:
-                self.proc.wait(timeout=90)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=30)
+        code = stop_process(self.proc, signal.SIGINT, 90)
         self._log.close()
-        return self.proc.returncode
+        return code
 
 
 @pytest.fixture(scope="session")
-def server(serving_workdir, cartpole_checkpoint, trading_checkpoint, pong_checkpoint):
+def s3_run(s3, serving_workdir) -> str:
+    """trainer -> s3:// : two tiny PPO iterations with a checkpoint after each, written to the local S3 server."""
+    uri = s3.uri("serve-run")
+    cmd = [sys.executable, "-m", "trainer", f"output_dir='{uri}'", "stop.iterations=2", "stop.episode_return_mean=null",
+           "checkpoint.every_n_iterations=1", "algo.train_batch_size=256", "algo.minibatch_size=64",
+           "algo.num_epochs=1", f"resources.ray_tmp_dir={serving_workdir / 'ray_train_s3'}"]
+    proc = subprocess.run(cmd, cwd=REPO, env=subprocess_env(), capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, f"trainer failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return uri
+
+
+@pytest.fixture(scope="session")
+def server(s3, serving_workdir, cartpole_checkpoint, trading_checkpoint, pong_checkpoint):
+    # `s3` first: the server's Ray workers inherit its credentials from the environment.
     (serving_workdir / "server").mkdir()
     srv = ServerProcess(
         serving_workdir / "server",

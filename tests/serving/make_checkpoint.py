@@ -1,19 +1,18 @@
 """Policy checkpoints for the serving tests that need no training run.
 
 `make_module_checkpoint` saves an untrained PPO RLModule with an env's served spaces (frames stacked for Pong)
-plus the trainer's `rl_platform.json`, in seconds. CartPole checkpoints come from the real trainer instead
+plus the trainer's checkpoint metadata (`rl_checkpoint.CheckpointMetadata`), in seconds. CartPole checkpoints come from the real trainer instead
 (see conftest.py), so the suite still exercises trainer -> checkpoint -> serving.
 """
 
 from __future__ import annotations
 
-import datetime as _dt
-import json
+import dataclasses
 from pathlib import Path
 
 
 def make_module_checkpoint(out_dir: str | Path, env: str = "pong", seed: int = 0) -> Path:
-    """An untrained PPO RLModule with the env's served spaces, saved as a bare RLModule dir + rl_platform.json.
+    """An untrained PPO RLModule with the env's served spaces, saved as a bare RLModule dir + its metadata.
 
     Seconds instead of minutes for Pong; the module's input is what training feeds it (frames stacked).
     """
@@ -23,6 +22,7 @@ def make_module_checkpoint(out_dir: str | Path, env: str = "pong", seed: int = 0
     from ray.rllib.algorithms.ppo.torch.default_ppo_torch_rl_module import DefaultPPOTorchRLModule
 
     import rl_envs
+    from rl_checkpoint import CheckpointMetadata, Storage, write_metadata
 
     spec = rl_envs.get_spec(env)
     e = rl_envs.make_env(env, spec.default_config)
@@ -37,13 +37,11 @@ def make_module_checkpoint(out_dir: str | Path, env: str = "pong", seed: int = 0
                                      model_config={})
     out_dir = Path(out_dir)
     module.save_to_path(str(out_dir.resolve()))
-    meta = {
-        "format_version": 1, "policy_id": "default_policy", "module_dir": ".", "env": env,
-        "env_config": dict(spec.default_config), "framestack": spec.framestack, "algo": "ppo",
-        "experiment": f"{env}_ppo", "iteration": 0, "env_steps": 0, "episode_return_mean": None,
-        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(), "checkpoint_id": f"{env}-untrained-{seed}",
-    }
-    (out_dir / "rl_platform.json").write_text(json.dumps(meta, indent=2))
+    meta = CheckpointMetadata.new(experiment=f"{env}_ppo", name="untrained", iteration=0, env_steps=0,
+                                  episode_return_mean=None, env=env, env_config=dict(spec.default_config),
+                                  framestack=spec.framestack, algo="ppo", module_dir=".")
+    meta = dataclasses.replace(meta, checkpoint_id=f"{env}-untrained-{seed}")
+    write_metadata(Storage.open(str(out_dir)), meta)
     return out_dir
 
 

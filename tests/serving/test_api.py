@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import base64
-import json
+import shutil
 import time
 
 import numpy as np
 import pytest
 import requests
+
+from rl_checkpoint import resolve
 
 pytestmark = pytest.mark.serve
 
@@ -19,14 +21,22 @@ def reference_actions(checkpoint: str, obs: np.ndarray) -> list:
     from gymnasium import spaces
     from ray.rllib.core.rl_module.rl_module import RLModule
 
-    meta = json.loads(open(f"{checkpoint}/rl_platform.json").read())
-    module = RLModule.from_checkpoint(f"{checkpoint}/{meta['module_dir']}")
+    module_dir, copy = resolve(checkpoint).local_module_dir()  # a URI: downloaded to a temp dir
+    try:
+        module = RLModule.from_checkpoint(str(module_dir))
+    finally:
+        if copy is not None:
+            shutil.rmtree(copy)
     with torch.no_grad():
         logits = module.forward_inference({"obs": torch.from_numpy(obs)})["action_dist_inputs"].numpy()
     if isinstance(module.action_space, spaces.MultiDiscrete):
         parts = np.split(logits, np.cumsum(module.action_space.nvec)[:-1], axis=-1)
         return np.stack([p.argmax(-1) for p in parts], -1).tolist()
     return logits.argmax(-1).tolist()
+
+
+def checkpoint_id(checkpoint: str) -> str:
+    return resolve(checkpoint).metadata.checkpoint_id
 
 
 def cartpole_observations(n: int, seed: int = 0) -> np.ndarray:
@@ -53,8 +63,7 @@ def test_served_cartpole_action_equals_in_process_module(server, cartpole_checkp
     r = post(server, "/v1/policies/default/act_batch", {"observations": obs.tolist()})
     assert r.status_code == 200, r.text
     assert r.json()["actions"] == want
-    meta = json.loads(open(f"{cartpole_checkpoint}/rl_platform.json").read())
-    assert r.json()["checkpoint_id"] == meta["checkpoint_id"]
+    assert r.json()["checkpoint_id"] == checkpoint_id(cartpole_checkpoint)
 
 
 def test_concurrent_requests_are_batched_and_still_correct(server, cartpole_checkpoint):
@@ -65,6 +74,26 @@ def test_concurrent_requests_are_batched_and_still_correct(server, cartpole_chec
     with ThreadPoolExecutor(8) as pool:
         got = list(pool.map(lambda o: post(server, "/v1/policies/default/act", {"observation": o.tolist()}).json()["action"], obs))
     assert got == want
+    # And they were batched: forward passes of 2..8 observations on `default`. The suite's act_batch calls
+    # send 16 or 32, so only dynamic batching of concurrent /act requests fills these buckets.
+    deadline = time.monotonic() + 120
+    multi = 0.0
+    while time.monotonic() < deadline:
+        multi = _forwards_of_2_to_8(server)
+        if multi > 0:
+            break
+        with ThreadPoolExecutor(8) as pool:  # metrics lag the requests; more traffic meanwhile is harmless
+            list(pool.map(lambda o: post(server, "/v1/policies/default/act", {"observation": o.tolist()}), obs))
+        time.sleep(1)
+    assert multi > 0, "no forward pass held more than one observation under 8 concurrent clients"
+
+
+def _forwards_of_2_to_8(server) -> float:
+    from conftest import metric_samples, scrape
+
+    buckets = {float(lbl["le"]): v for lbl, v in
+               metric_samples(scrape(server.metrics_url), "ray_rl_serve_batch_size_bucket", policy="default")}
+    return buckets.get(8.0, 0.0) - buckets.get(1.0, 0.0)
 
 
 def test_multidiscrete_policy_returns_one_action_per_subspace(server, trading_checkpoint):
@@ -126,8 +155,7 @@ def test_list_policies_names_versions_and_spaces(server, cartpole_checkpoint):
     pols = {p["name"]: p for p in r.json()["policies"]}
     assert set(pols) == {"default", "trading", "pong"}
     cp = pols["default"]
-    meta = json.loads(open(f"{cartpole_checkpoint}/rl_platform.json").read())
-    assert cp["checkpoint_id"] == cp["version"] == meta["checkpoint_id"]
+    assert cp["checkpoint_id"] == cp["version"] == checkpoint_id(cartpole_checkpoint)
     assert cp["observation_space"]["shape"] == [4] and cp["observation_space"]["type"] == "Box"
     assert cp["action_space"] == {"type": "Discrete", "n": 2, "start": 0}
     assert pols["pong"]["observation_space"]["shape"] == [64, 64, 4]
@@ -182,6 +210,11 @@ BAD_REQUESTS = [
     ("batch-wrong-shape", "POST", BATCH, {"observations": [[0, 0, 0]]}, 422, "bad_shape"),
     ("bad-base64", "POST", OBS, {"observation": {"b64": "!!!", "dtype": "float32", "shape": [4]}}, 422, "bad_encoding"),
     ("base64-size-mismatch", "POST", OBS, {"observation": {"b64": "AAAA", "dtype": "float32", "shape": [4]}}, 422, "bad_shape"),
+    ("ambiguous-input", "POST", "/v1/policies/pong/act",
+     {"observation": [0.0], "frame": [[0.0]], "session_id": "s"}, 400, "ambiguous_input"),
+    ("bad-reset", "POST", "/v1/policies/pong/act", {"session_id": "s", "frame": [[0.0]], "reset": "yes"}, 400,
+     "bad_reset"),
+    ("not-frame-stacked", "POST", OBS, {"session_id": "s", "frame": [0.0, 0.0, 0.0, 0.0]}, 422, "not_frame_stacked"),
     ("pong-bad-frame", "POST", "/v1/policies/pong/act", {"session_id": "s", "frame": [[1.0, 2.0]]}, 422, "bad_shape"),
     ("pong-raw-frame-range", "POST", "/v1/policies/pong/act",
      {"session_id": "s", "frame": {"b64": base64.b64encode(np.full((4, 4, 3), 300, np.int16).tobytes()).decode(),
@@ -197,6 +230,56 @@ def test_bad_input_gets_its_4xx_with_a_named_problem(server, case):
     assert r.status_code == status, r.text
     err = r.json()["error"]
     assert err["code"] == code and err["message"]
+
+
+def test_wrong_method_names_the_allowed_one(server):
+    r = requests.get(server.base + OBS, timeout=30)
+    assert r.status_code == 405 and r.headers["Allow"] == "POST", (r.headers, r.text)
+    r = requests.post(server.base + "/healthz", timeout=30)
+    assert r.status_code == 405 and r.headers["Allow"] == "GET", (r.headers, r.text)
+
+
+def test_non_numeric_content_length_is_a_400(server):
+    import http.client
+
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+    try:
+        conn.putrequest("POST", OBS, skip_accept_encoding=True)
+        conn.putheader("Content-Type", "application/json")
+        conn.putheader("Content-Length", "12abc")
+        conn.endheaders(b'{"observation": [0, 0, 0, 0]}')
+        r = conn.getresponse()
+        status, body = r.status, r.read()
+    finally:
+        conn.close()
+    assert status == 400, body
+    assert b"bad_content_length" in body or b"Invalid HTTP request" in body, body
+
+
+def test_check_bounds_false_accepts_out_of_bounds_observations(server):
+    """`check_bounds: false` (user_config) turns the out_of_bounds 422 off, applied by a reload."""
+    far = {"observation": [99.0, 0.0, 0.0, 0.0]}
+    assert post(server, OBS, far).json()["error"]["code"] == "out_of_bounds"
+    server.user_config["check_bounds"] = False
+    try:
+        server.reload(server.policies)
+        r = post(server, OBS, far)
+        assert r.status_code == 200 and r.json()["action"] in (0, 1), r.text
+    finally:
+        server.user_config.pop("check_bounds")
+        server.reload(server.policies)
+    assert post(server, OBS, far).json()["error"]["code"] == "out_of_bounds"
+
+
+@pytest.mark.parametrize("ctype, status", [("text/plain", 415), ("application/x-www-form-urlencoded", 415),
+                                           ("application/json; charset=utf-8", 200), (None, 200)])
+def test_a_declared_non_json_body_gets_415(server, ctype, status):
+    headers = {"Content-Type": ctype} if ctype else {}
+    r = requests.post(server.base + OBS, data=b'{"observation": [0.0, 0.0, 0.0, 0.0]}', headers=headers, timeout=30)
+    assert r.status_code == status, r.text
+    if status == 415:
+        err = r.json()["error"]
+        assert err["code"] == "unsupported_media_type" and ctype in err["message"], err
 
 
 def test_chunked_body_over_the_limit_is_cut_off_with_413(server):

@@ -38,7 +38,7 @@ def test_serve_config_is_a_valid_serve_deploy_config():
     from ray.serve.schema import ServeDeploySchema
 
     from serving import launch
-    from serving.app import ServerConfig
+    from serving.config import ServerConfig
 
     cfg = launch.load_config()
     ServeDeploySchema.model_validate(cfg)
@@ -90,15 +90,66 @@ def test_export_of_a_missing_checkpoint_fails_cleanly(tmp_path):
 def test_checkpoint_without_metadata_falls_back_to_the_modules_spaces(trading_checkpoint, tmp_path, caplog):
     import shutil
 
+    from rl_checkpoint import METADATA_FILE
     from serving.policy import LoadedPolicy
 
     bare = tmp_path / "bare"
     shutil.copytree(trading_checkpoint, bare)
-    (bare / "rl_platform.json").unlink()
+    (bare / METADATA_FILE).unlink()
     with caplog.at_level("WARNING", logger="serving"):
         pol = LoadedPolicy.load("bare", bare)
     info = pol.info()
     assert info["metadata_source"] == "module" and info["checkpoint_id"].startswith("bare-")
     assert info["action_space"]["type"] == "MultiDiscrete" and info["framestack"] == 1
-    assert "no rl_platform.json" in caplog.text
+    assert f"no {METADATA_FILE}" in caplog.text
     assert LoadedPolicy.load("again", bare).checkpoint_id == info["checkpoint_id"]  # stable
+
+
+def test_export_parity_check_catches_a_tampered_policy(trading_checkpoint, tmp_path):
+    """The parity check is what makes `rl-export` fail on a bad file: a file whose policy head was altered
+    after export must be reported as disagreeing (and the untouched file must not)."""
+    import torch
+
+    from serving.export import _export, check_parity
+    from serving.policy import LoadedPolicy
+
+    pol = LoadedPolicy.load("export", trading_checkpoint)
+    out = tmp_path / "policy.pt"
+    assert _export(pol, out, verify=256)["parity"]["mismatches"] == 0
+    tampered = torch.jit.load(str(out))
+    head = [p for name, p in tampered.named_parameters() if name.split(".")[-1] == "weight"][-1]  # the logits layer
+    with torch.no_grad():
+        head.mul_(-1.0)
+    torch.jit.save(tampered, str(tmp_path / "tampered.pt"))
+    report = check_parity(pol, tmp_path / "tampered.pt", 256)
+    assert report["mismatches"] > 0 and report["first_mismatch"] is not None, report
+
+
+def test_box_action_policy_serves_the_clipped_mean(tmp_path):
+    """Box actions: the greedy action is the Gaussian's mean (RLlib's deterministic action), clipped to the bounds."""
+    import gymnasium as gym
+    import numpy as np
+    import torch
+    from ray.rllib.algorithms.ppo.torch.default_ppo_torch_rl_module import DefaultPPOTorchRLModule
+
+    from serving.policy import LoadedPolicy
+
+    obs_space = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
+    act_space = gym.spaces.Box(np.array([-0.5, -2.0], np.float32), np.array([0.5, 2.0], np.float32))
+    torch.manual_seed(0)
+    module = DefaultPPOTorchRLModule(observation_space=obs_space, action_space=act_space, inference_only=False,
+                                     model_config={})
+    with torch.no_grad():  # a wide mean, so that some actions fall outside the bounds and clipping shows
+        for p in module.pi.parameters():
+            p.mul_(20.0)
+    module.save_to_path(str(tmp_path / "box"))
+    pol = LoadedPolicy.load("box", tmp_path / "box")
+    assert pol.info()["action_space"] == {"type": "Box", "shape": [2], "dtype": "float32", "low": [-0.5, -2], "high": [0.5, 2]}
+
+    obs = np.random.default_rng(0).uniform(-1, 1, (64, 3)).astype(np.float32)
+    got = np.asarray(pol.act(pol.observations(obs.tolist())), np.float32)
+    with torch.no_grad():
+        logits = module.forward_inference({"obs": torch.from_numpy(obs)})["action_dist_inputs"]
+        mean = module.get_inference_action_dist_cls().from_logits(logits).to_deterministic().sample().numpy()
+    assert (mean < act_space.low).any() or (mean > act_space.high).any(), "no action needed clipping"
+    np.testing.assert_allclose(got, np.clip(mean, act_space.low, act_space.high), rtol=0, atol=1e-6)

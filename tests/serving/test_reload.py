@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-import json
+import shutil
+import signal
 import threading
 import time
 
@@ -10,13 +11,15 @@ import numpy as np
 import pytest
 import requests
 
-from test_api import reference_actions
+from conftest import metric_samples, scrape
+from rl_checkpoint import CheckpointMetadata, Storage, write_metadata
+from test_api import checkpoint_id, reference_actions
 
 pytestmark = pytest.mark.serve
 
 
 def _ckpt_id(path: str) -> str:
-    return json.loads(open(f"{path}/rl_platform.json").read())["checkpoint_id"]
+    return checkpoint_id(path)
 
 
 def test_reload_switches_version_without_downtime(server, cartpole_checkpoint, cartpole_v2_checkpoint):
@@ -28,8 +31,12 @@ def test_reload_switches_version_without_downtime(server, cartpole_checkpoint, c
     def hammer():
         s = requests.Session()
         while not stop.is_set():
-            r = s.post(server.base + "/v1/policies/default/act", json={"observation": [0.01, 0.0, 0.02, 0.0]}, timeout=30)
-            seen.append((r.status_code, r.json().get("checkpoint_id")))
+            try:
+                r = s.post(server.base + "/v1/policies/default/act", json={"observation": [0.01, 0.0, 0.02, 0.0]},
+                           timeout=30)
+                seen.append((r.status_code, r.json().get("checkpoint_id")))
+            except (requests.RequestException, ValueError) as e:  # a refused/reset connection is downtime too
+                seen.append((f"{type(e).__name__}: {e}", None))
 
     t = threading.Thread(target=hammer, daemon=True)
     t.start()
@@ -45,7 +52,9 @@ def test_reload_switches_version_without_downtime(server, cartpole_checkpoint, c
     finally:
         stop.set()
         t.join(timeout=60)
-    assert seen and all(code == 200 for code, _ in seen), [s for s in seen if s[0] != 200][:5]
+    assert not t.is_alive(), "the request thread hung"
+    assert len(seen) >= n_at_reload + 5, f"requests stopped during the reload: {seen[-5:]}"
+    assert all(code == 200 for code, _ in seen), [s for s in seen if s[0] != 200][:5]
     ids = [cid for _, cid in seen]
     assert ids[0] == old_id and ids[-1] == new_id
     switch = ids.index(new_id)
@@ -87,7 +96,7 @@ def test_broken_checkpoint_is_rejected_by_the_replica_and_old_one_kept(server, s
     """A directory that exists but holds no RLModule: the replica's reconfigure refuses it."""
     broken = serving_workdir / "broken_ckpt"
     broken.mkdir(exist_ok=True)
-    (broken / "rl_platform.json").write_text('{"checkpoint_id": "broken", "module_dir": "nothing/here"}')
+    write_metadata(Storage.open(str(broken)), CheckpointMetadata(checkpoint_id="broken", module_dir="nothing/here"))
     before = requests.get(server.base + "/v1/policies/default", timeout=10).json()["checkpoint_id"]
     server.write_config({**server.policies, "default": str(broken)}, check_paths=False)
     server.proc.send_signal(__import__("signal").SIGHUP)
@@ -97,3 +106,41 @@ def test_broken_checkpoint_is_rejected_by_the_replica_and_old_one_kept(server, s
     assert r.status_code == 200 and r.json()["checkpoint_id"] == before
     # And a good config is accepted again afterwards.
     server.reload(server.policies)
+
+
+def test_checkpoint_that_passes_the_layout_check_but_cannot_load_is_reported(server, serving_workdir,
+                                                                            cartpole_v2_checkpoint):
+    """The launcher's layout check passes (files are where they belong), the replica's RLModule load fails:
+    the old policy keeps serving and the failure shows in reload_error, /readyz errors and reloads_total."""
+    good = dict(server.policies)
+    before = requests.get(server.base + "/v1/policies/default", timeout=10).json()["checkpoint_id"]
+    errors_before = sum(v for _, v in metric_samples(scrape(server.metrics_url), "ray_rl_serve_policy_reloads_total",
+                                                     policy="default", result="error"))
+    corrupt = serving_workdir / "corrupt_ckpt"
+    shutil.copytree(cartpole_v2_checkpoint, corrupt, dirs_exist_ok=True)
+    (corrupt / "module_state.pkl").write_bytes(b"not a pickle")  # the weights, truncated by a bad copy
+    server.write_config({**good, "default": str(corrupt)})  # check_paths: the launcher's layout check passes
+    server.proc.send_signal(signal.SIGHUP)
+    ev = server.wait_event("reload_failed", 180)
+    assert "kept the previous checkpoint" in ev["error"] and "cannot load RLModule" in ev["error"], ev
+
+    info = requests.get(server.base + "/v1/policies/default", timeout=10).json()
+    assert info["checkpoint_id"] == before
+    assert info["reload_error"]["checkpoint"] == str(corrupt) and "cannot load RLModule" in info["reload_error"]["error"]
+    r = requests.get(server.base + "/readyz", timeout=10)
+    assert r.status_code == 200, r.text  # still ready: the previous policy serves
+    assert "cannot load RLModule" in r.json()["errors"]["default"]
+    r = requests.post(server.base + "/v1/policies/default/act", json={"observation": [0.0, 0.0, 0.0, 0.0]}, timeout=30)
+    assert r.status_code == 200 and r.json()["checkpoint_id"] == before
+    deadline, errors = time.monotonic() + 90, errors_before
+    while time.monotonic() < deadline:
+        errors = sum(v for _, v in metric_samples(scrape(server.metrics_url), "ray_rl_serve_policy_reloads_total",
+                                                  policy="default", result="error"))
+        if errors > errors_before:
+            break
+        time.sleep(1)
+    assert errors > errors_before, "ray_rl_serve_policy_reloads_total{result=\"error\"} did not count the failed load"
+
+    server.reload(good)  # a good config clears the error
+    r = requests.get(server.base + "/readyz", timeout=10)
+    assert r.status_code == 200 and "errors" not in r.json(), r.text

@@ -1,9 +1,10 @@
 """Wrong input to the real entry point: one clear line naming the problem, a non-zero exit, no traceback."""
 
-import json
+from pathlib import Path
 
 import pytest
 
+from rl_checkpoint import RunState, Storage, checkpoint_rel, iter_name, write_state
 from trainer_helpers import run_trainer, short_tmp
 
 
@@ -15,24 +16,41 @@ def assert_clean_failure(proc, *needles):
         assert n in err, f"{n!r} not in:\n{err[-3000:]}"
 
 
+# README: Hydra's own compose errors (unknown group option, misspelt key, wrong type) exit 1; value errors exit 2.
+HYDRA, VALUE = 1, 2
+
+
 @pytest.mark.parametrize(
-    "overrides, needles",
+    "overrides, needles, rc",
     [
-        (["experiment=atlantis_ppo"], ["experiment/atlantis_ppo", "cartpole_ppo"]),
-        (["algo=sac"], ["algo/sac"]),
-        (["env=atlantis"], ["env/atlantis"]),
-        (["algo.lrr=0.1"], ["algo.lrr"]),
-        (["+algo.lrr=0.1"], ["unknown key algo.lrr"]),
-        (["algo.lr=fast"], ["fast", "algo.lr"]),
-        (["stop.env_steps=0"], ["stop.env_steps"]),
-        (["resources.num_env_runners=-2"], ["resources.num_env_runners"]),
-        (["tune.scheduler=median"], ["tune.scheduler"]),
-        (["tune=asha", "tune.param_space.nope={uniform:[0,1]}"], ["nope"]),
+        (["experiment=atlantis_ppo"], ["experiment/atlantis_ppo", "cartpole_ppo"], HYDRA),
+        (["algo=sac"], ["algo/sac"], HYDRA),
+        (["env=atlantis"], ["env/atlantis"], HYDRA),
+        (["algo.lrr=0.1"], ["algo.lrr"], HYDRA),
+        (["+algo.lrr=0.1"], ["unknown key algo.lrr"], VALUE),
+        (["algo.lr=fast"], ["fast", "algo.lr"], HYDRA),
+        (["stop.env_steps=0"], ["stop.env_steps"], VALUE),
+        (["resources.num_env_runners=-2"], ["resources.num_env_runners"], VALUE),
+        (["tune.scheduler=median"], ["tune.scheduler"], VALUE),
+        (["resources.auth=none"], ["resources.auth"], VALUE),
+        (["tune=asha", "tune.param_space.nope={uniform:[0,1]}"], ["tune.param_space.nope"], HYDRA),
+        (["tune=asha", "+tune.param_space.nope={uniform:[0,1]}"], ["param_space", "does not have", "nope"], VALUE),
+        (["tune=asha", "+tune.param_space.gamma={sometimes:[1]}"], ["tune.param_space.gamma", "loguniform"], VALUE),
+        # fp16 needs CUDA loss scaling: refused on CPU learners before Ray starts, pointing at bf16.
+        (["algo.precision=fp16"], ["algo.precision=fp16 needs GPU learners", "bf16"], VALUE),
+        (["algo.precision=fp8"], ["algo.precision", "fp8"], VALUE),
+        (["debug.timeline=s3://b/t.json"], ["debug.timeline must be a local file path"], VALUE),
     ],
 )
-def test_bad_config_fails_before_ray(overrides, needles, tmp_path):
-    proc = run_trainer(*overrides, f"output_dir={tmp_path}", check=False, timeout=120)
+def test_bad_config_fails_before_ray(overrides, needles, rc, tmp_path):
+    ray_tmp = short_tmp()
+    proc = run_trainer(*overrides, f"output_dir={tmp_path}", f"resources.ray_tmp_dir={ray_tmp}", check=False,
+                       timeout=120)
     assert_clean_failure(proc, *needles)
+    assert proc.returncode == rc, f"exit {proc.returncode}, README says {rc}:\n{proc.stderr[-2000:]}"
+    # Before Ray: the trainer never logged "ray ready" and Ray never created its session under the temp dir.
+    assert "ray ready" not in proc.stdout, proc.stdout[-2000:]
+    assert not list(Path(ray_tmp).glob("session_*")), list(Path(ray_tmp).iterdir())
 
 
 def test_unreachable_ray_address(tmp_path):
@@ -50,9 +68,9 @@ def test_resume_must_without_checkpoint(tmp_path):
 
 def test_missing_checkpoint_to_resume(tmp_path):
     # A state file that points at a checkpoint somebody deleted: refuse, naming it, rather than start over silently.
-    (tmp_path / "state.json").write_text(json.dumps({"latest_checkpoint": "checkpoints/iter_000004", "iteration": 4}))
+    write_state(Storage.open(str(tmp_path)), RunState(latest_checkpoint=checkpoint_rel(iter_name(4)), iteration=4))
     proc = run_trainer(f"output_dir={tmp_path}", f"resources.ray_tmp_dir={short_tmp()}", check=False, timeout=180)
-    assert_clean_failure(proc, "checkpoint to resume is missing", "iter_000004")
+    assert_clean_failure(proc, "checkpoint to resume is missing", iter_name(4))
 
 
 def test_bad_output_uri(tmp_path):

@@ -1,8 +1,11 @@
 """Resource isolation on a real multi-node Ray on one host: env runners only on the rollout pool, learners only on
 the learner pool. Pools are Ray custom resources (no fake GPUs: RLlib crashes on NCCL on a CPU host)."""
 
+import os
+
 import pytest
 import ray
+from ray._common.utils import get_default_ray_temp_dir
 from ray.cluster_utils import Cluster
 
 from trainer_helpers import run_trainer, short_tmp, summary_of
@@ -12,18 +15,18 @@ pytestmark = pytest.mark.cluster
 
 @pytest.fixture(scope="module")
 def pooled_cluster():
-    cluster = Cluster(
-        initialize_head=True,
-        head_node_args={"num_cpus": 1, "temp_dir": short_tmp("rayc"), "include_dashboard": True,
-                        "dashboard_host": "127.0.0.1"},
-    )
-    rollout = cluster.add_node(num_cpus=2, resources={"rollout_pool": 2})
-    learner = cluster.add_node(num_cpus=1, resources={"learner_pool": 1})
-    cluster.wait_for_nodes()
-    ray.init(address=cluster.address)
+    # cluster_utils.Cluster writes its address file under Ray's *default* temp dir even when the head has its own
+    # temp_dir; on a machine where no Ray ran before, that directory does not exist yet.
+    os.makedirs(get_default_ray_temp_dir(), exist_ok=True)
+    cluster = Cluster()
     try:
+        cluster.add_node(num_cpus=1, temp_dir=short_tmp("rayc"), include_dashboard=True, dashboard_host="127.0.0.1")
+        rollout = cluster.add_node(num_cpus=2, resources={"rollout_pool": 2})
+        learner = cluster.add_node(num_cpus=1, resources={"learner_pool": 1})
+        cluster.wait_for_nodes()
+        ray.init(address=cluster.address)
         yield cluster, rollout.node_id, learner.node_id
-    finally:
+    finally:  # also when the set-up failed half-way: a leftover head would leak into later tests in this process
         ray.shutdown()
         cluster.shutdown()
 
@@ -52,3 +55,18 @@ def test_env_runners_on_rollout_pool_learners_on_learner_pool(pooled_cluster, tm
     assert {a.node_id for a in learners} == {learner_node}
     assert all(a.required_resources.get("rollout_pool") == 1 for a in runners)
     assert all(a.required_resources.get("learner_pool") == 1 for a in learners)
+
+
+def test_a_request_no_node_joins_for_fails_after_the_wait(pooled_cluster, tmp_path):
+    """3 env runners need rollout_pool 3; the pool has 2 and no autoscaler adds more: one line after the wait."""
+    cluster, _, _ = pooled_cluster
+    proc = run_trainer(
+        "resources=cluster", f"resources.address={cluster.address}", "resources.num_env_runners=3",
+        "resources.num_learners=0", "resources.num_gpus_per_learner=0", "resources.wait_for_resources_s=3",
+        "stop.iterations=1", f"output_dir={tmp_path}", check=False, timeout=300,
+    )
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert "waiting up to 3s" in proc.stdout
+    err = [l for l in proc.stderr.splitlines() if l.startswith("error:")]
+    assert len(err) == 1 and "rollout_pool 3" in err[0] and "rollout_pool 2" in err[0], proc.stderr[-2000:]

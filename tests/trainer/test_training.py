@@ -7,6 +7,7 @@ import math
 import pytest
 import yaml
 
+from rl_checkpoint import BEST, FINAL, checkpoint_rel, resolve
 from trainer_helpers import run_trainer, summary_of
 
 pytestmark = pytest.mark.slow
@@ -25,13 +26,22 @@ def test_cartpole_ppo_learns_and_writes_every_artifact(tmp_path):
     assert json.loads((out / "summary.json").read_text()) == summary
     # Readable progress lines while it runs.
     assert "iter    1 | env steps" in proc.stdout
+    # Start-up phases: one line before the first progress line, and in the summary; they add up to the time
+    # before the first sample (trainer.startup).
+    assert proc.stdout.index("startup: imports ") < proc.stdout.index("iter    1 | env steps")
+    phases = summary["startup"]
+    assert set(phases) >= {"imports", "ray_init", "build", "before_first_sample", "first_sample"}, phases
+    assert all(v >= 0 for v in phases.values()), phases
+    assert phases["before_first_sample"] == pytest.approx(phases["imports"] + phases["ray_init"] + phases["build"],
+                                                          abs=0.05)
+    assert phases["before_first_sample"] <= summary["wall_s"]
 
-    final = out / "checkpoints" / "final"
+    final = out / checkpoint_rel(FINAL)
     assert summary["checkpoint"] == str(final)
-    assert (final / "learner_group/learner/rl_module/default_policy").is_dir()
-    meta = json.loads((final / "rl_platform.json").read_text())
-    assert meta["env"] == "cartpole" and meta["framestack"] == 1 and meta["iteration"] == summary["iterations"]
-    assert (out / "checkpoints" / "best" / "rl_platform.json").is_file()
+    ckpt = resolve(str(final))  # raises unless the RLModule and the metadata are both there
+    meta = ckpt.metadata
+    assert meta.env == "cartpole" and meta.framestack == 1 and meta.iteration == summary["iterations"]
+    assert resolve(str(out), BEST).metadata is not None
 
     rows = list(csv.DictReader((out / "progress.csv").open()))
     assert [int(r["iteration"]) for r in rows] == list(range(1, summary["iterations"] + 1))
@@ -46,7 +56,7 @@ def test_cartpole_ppo_learns_and_writes_every_artifact(tmp_path):
     import torch
     from ray.rllib.core.rl_module.rl_module import RLModule
 
-    module = RLModule.from_checkpoint(str(final / meta["module_dir"]))
+    module = RLModule.from_checkpoint(str(ckpt.local_module_dir()[0]))
     obs = torch.tensor(np.zeros((3, 4), np.float32))
     logits = module.forward_inference({"obs": obs})["action_dist_inputs"]
     assert tuple(logits.shape) == (3, 2) and torch.isfinite(logits).all()
@@ -60,12 +70,12 @@ def test_pong_ppo_smoke_one_tiny_iteration(tmp_path):
     )
     summary = summary_of(proc)
     assert summary["env_steps"] >= 64 and summary["iterations"] == 1
-    meta = json.loads((tmp_path / "checkpoints/final/rl_platform.json").read_text())
-    assert meta["env"] == "pong" and meta["framestack"] == 4
+    ckpt = resolve(str(tmp_path), FINAL)
+    assert ckpt.metadata.env == "pong" and ckpt.metadata.framestack == 4
 
     from ray.rllib.core.rl_module.rl_module import RLModule
 
-    module = RLModule.from_checkpoint(str(tmp_path / "checkpoints/final" / meta["module_dir"]))
+    module = RLModule.from_checkpoint(str(ckpt.local_module_dir()[0]))
     # Frame stacking by connectors: the module sees 4 stacked 64x64 frames.
     assert tuple(module.observation_space.shape) == (64, 64, 4)
     assert module.action_space.n == 6
@@ -80,8 +90,8 @@ def test_custom_trading_env_trains_through_config(tmp_path):
     summary = summary_of(proc)
     assert summary["experiment"] == "trading_ppo" and summary["iterations"] == 2
     assert math.isfinite(summary["episode_return_mean"] or 0.0)
-    meta = json.loads((tmp_path / "checkpoints/final/rl_platform.json").read_text())
-    assert meta["env"] == "trading" and meta["env_config"]["symbols"] == ["A", "B", "C"]
+    meta = resolve(str(tmp_path), FINAL).metadata
+    assert meta.env == "trading" and meta.env_config["symbols"] == ["A", "B", "C"]
 
 
 def test_hydra_multirun_sweeps_into_separate_output_dirs(tmp_path):

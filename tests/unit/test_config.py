@@ -149,8 +149,11 @@ def test_search_space_maps_to_tune_samplers():
     assert isinstance(space["lr"], Float) and space["lr"].lower == 1e-4
     assert isinstance(space["gamma"], Categorical) and space["gamma"].categories == [0.9, 0.99]
     assert space["clip_param"] == 0.3
-    with pytest.raises(TrainerError, match="lr"):
-        search_space({"lr": {"sometimes": [1]}})
+    # Malformed samplers and unknown keys are refused by validate(), before Ray starts.
+    with pytest.raises(TrainerError, match=r"param_space\.gamma: expected one of"):
+        validate(cfg_of("tune=asha", "+tune.param_space.gamma={sometimes: [1]}"))
+    with pytest.raises(TrainerError, match="does not have: \\['nope'\\]"):
+        validate(cfg_of("tune=asha", "+tune.param_space.nope={uniform: [0, 1]}"))
 
 
 @pytest.mark.parametrize("sched", ["asha", "hyperband", "pbt"])
@@ -160,3 +163,19 @@ def test_tune_schedulers_compose(sched):
     cfg = cfg_of(f"tune={sched}")
     s = scheduler(cfg.tune, cfg.tune.metric, cfg.tune.mode)
     assert type(s).__name__.lower().startswith({"asha": "async", "hyperband": "hyperband", "pbt": "populationbased"}[sched])
+
+
+def test_env_config_defaults_come_from_the_env_and_typos_fail_at_compose():
+    import dataclasses
+
+    from omegaconf import OmegaConf
+
+    from rl_envs import get_spec
+    from rl_envs.trading import TradingConfig
+
+    cfg = cfg_of("~experiment", "env=trading", "algo=ppo", "env.env_config.window_size=4")
+    env_config = OmegaConf.to_container(cfg.env.env_config)
+    assert env_config == {**dataclasses.asdict(TradingConfig()), "window_size": 4}
+    assert OmegaConf.to_container(cfg_of("experiment=pong_ppo").env.env_config) == get_spec("pong").default_config
+    with pytest.raises(ConfigCompositionException, match="env.env_config.windw_size"):
+        cfg_of("~experiment", "env=trading", "algo=ppo", "env.env_config.windw_size=4")

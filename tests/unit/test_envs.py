@@ -71,3 +71,8 @@ def test_window_mean_covers_at_least_the_last_n_episodes():
     assert n == 32 and mean == (30 * 10 + 1000) / 32
     assert window_mean([(1, 500.0)], window=20) == (500.0, 1)
     assert window_mean([], window=20)[1] == 0
+
+
+def test_trading_env_names_an_unknown_option():
+    with pytest.raises(ValueError, match=r"unknown env_config keys \['windw_size'\]"):
+        TradingEnv({"windw_size": 4})

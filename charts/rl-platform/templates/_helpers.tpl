@@ -16,6 +16,25 @@
 {{- end -}}
 {{- end -}}
 
+{{/*
+A KubeRay object name, checked as KubeRay 1.6 checks it (ray-operator controllers/ray/utils/validation.go) only after
+the API server has accepted the object: a DNS-1035 label of at most 53 characters for a RayCluster (its longest
+service suffix, "-serve-svc", must still fit 63) and 47 for a RayJob or RayService (KubeRay appends "-" and 5 random
+characters to name their RayCluster). A name over the limit fails the render: truncating it would silently give two
+jobs that differ only at the end the same name. Call with (list KIND NAME "what to change").
+*/}}
+{{- define "rl-platform.kuberayName" -}}
+{{- $kind := index . 0 -}}{{- $name := index . 1 -}}{{- $knobs := index . 2 -}}
+{{- $max := get (dict "RayCluster" 53 "RayJob" 47 "RayService" 47) $kind | int -}}
+{{- if gt (len $name) $max -}}
+{{- fail (printf "%s name %q has %d characters; KubeRay accepts at most %d: shorten %s" $kind $name (len $name) $max $knobs) -}}
+{{- end -}}
+{{- if not (regexMatch "^[a-z]([-a-z0-9]*[a-z0-9])?$" $name) -}}
+{{- fail (printf "%s name %q is not a DNS-1035 label (lowercase letters, digits and '-', starting with a letter), which KubeRay requires: change %s" $kind $name $knobs) -}}
+{{- end -}}
+{{- $name -}}
+{{- end -}}
+
 {{/* Selector labels shared by every Ray pod of the release (RayCluster, RayJob and RayService clusters). */}}
 {{- define "rl-platform.selectorLabels" -}}
 app.kubernetes.io/name: {{ include "rl-platform.name" . }}
@@ -49,9 +68,15 @@ app.kubernetes.io/part-of: rl-platform
 {{- default (printf "%s-storage" (include "rl-platform.fullname" .)) .Values.storage.existingClaim -}}
 {{- end -}}
 
+{{- define "rl-platform.pvName" -}}
+{{- printf "%s-%s" .Release.Namespace (include "rl-platform.pvcName" .) -}}
+{{- end -}}
+
 {{/*
-The Ray resources string for `ray start --resources`: KubeRay passes rayStartParams values to the shell, so the
-JSON is wrapped in double quotes with its inner quotes escaped: "{\"rollout_pool\": 2}".
+The Ray resources string for `ray start --resources`, JSON in single quotes: '{"rollout_pool": 2}'. Three readers:
+KubeRay trims the outer quotes and JSON-parses it (to add --num-gpus from the nvidia.com/gpu limit: escaped inner
+quotes, "{\"learner_pool\": 1}", fail that parse and the GPU is never advertised), then the shell of the ray start
+command removes the single quotes, and Ray's autoscaler drops the first and last character.
 */}}
 {{- define "rl-platform.rayResources" -}}
 {{- $g := . -}}
@@ -62,14 +87,70 @@ JSON is wrapped in double quotes with its inner quotes escaped: "{\"rollout_pool
 {{- $_ := set $res "learner_pool" (int (ternary $g.gpus $g.cpus (gt (int $g.gpus) 0))) -}}
 {{- end -}}
 {{- if $res -}}
-{{- printf "%q" (toJson $res | replace ":" ": ") -}}
+{{- printf "'%s'" (toJson $res | replace ":" ": ") -}}
+{{- end -}}
+{{- end -}}
+
+{{/* A Kubernetes quantity ("4Gi", "4000M", 4294967296) in whole MiB, rounded down. */}}
+{{- define "rl-platform.mebibytes" -}}
+{{- if kindIs "string" . -}}
+{{- $num := regexFind "^[0-9]+(\\.[0-9]+)?" . -}}
+{{- $per := get (dict "" 1.0 "m" 0.001 "k" 1e3 "Ki" 1024.0 "M" 1e6 "Mi" 1048576.0 "G" 1e9 "Gi" 1073741824.0 "T" 1e12 "Ti" 1099511627776.0) (trimPrefix $num .) -}}
+{{- divf (mulf (float64 $num) $per) 1048576 | floor | int -}}
+{{- else -}}
+{{- divf (float64 .) 1048576 | floor | int -}}
 {{- end -}}
 {{- end -}}
 
 {{/*
-Volumes every Ray pod mounts: /dev/shm for the object store, /tmp (Ray's session dir /tmp/ray, HOME on a read-only
+Memory of one Ray node, as JSON {"objectStoreMiB", "shmMiB", "memoryMiB"}; call with (list WHERE OBJECT_STORE_MIB
+MEMORY_LIMIT), where an unset object store takes Ray's own default of 30% of the memory.
+- /dev/shm is 1.1 x the object store: Ray puts the store there only while /dev/shm has at least the store's size free
+  (else it falls back to slow /tmp, or refuses to start), other processes (torch, Ray's own files) use /dev/shm too,
+  and 1.1 x is what Ray's own warning asks of `docker run --shm-size`.
+- Ray's `memory` resource (what tasks and actors may reserve) is the container's memory limit minus that /dev/shm: the
+  pages of a memory-backed emptyDir count against the limit. KubeRay would pass the whole limit (double counting the
+  object store), so the chart sets it; without a limit Ray works it out itself.
+*/}}
+{{- define "rl-platform.memoryPlan" -}}
+{{- $where := index . 0 -}}{{- $objectStore := index . 1 -}}{{- $limit := index . 2 -}}
+{{- $limitMiB := 0 -}}
+{{- if $limit }}{{ $limitMiB = include "rl-platform.mebibytes" $limit | int }}{{ end -}}
+{{- $os := 0 -}}
+{{- if $objectStore -}}
+{{- $os = int $objectStore -}}
+{{- else if $limitMiB -}}
+{{- $os = div (mul $limitMiB 3) 10 -}}
+{{- else -}}
+{{- fail (printf "%s.objectStoreMiB is not set and there is no memory limit to take Ray's default 30%% of: set it" $where) -}}
+{{- end -}}
+{{- if lt $os 75 -}}
+{{- fail (printf "%s: the object store would be %d MiB (30%% of the memory); Ray needs at least 75 MiB: set %s.objectStoreMiB or give more memory" $where $os $where) -}}
+{{- end -}}
+{{- $shm := div (add (mul $os 11) 9) 10 -}}
+{{- $memory := 0 -}}
+{{- if $limitMiB -}}
+{{- $memory = sub $limitMiB $shm -}}
+{{- if lt $memory 100 -}}
+{{- fail (printf "%s: a memory limit of %v leaves %d MiB for Ray's tasks and actors next to the %d MiB /dev/shm (objectStoreMiB %d + 10%%); Ray needs at least 100 MiB: raise the memory or lower %s.objectStoreMiB" $where $limit $memory $shm $os $where) -}}
+{{- end -}}
+{{- end -}}
+{{- dict "objectStoreMiB" $os "shmMiB" $shm "memoryMiB" $memory | toJson -}}
+{{- end -}}
+
+{{- define "rl-platform.headMemory" -}}
+{{- include "rl-platform.memoryPlan" (list "head" .Values.head.objectStoreMiB (dig "limits" "memory" "" .Values.head.resources)) -}}
+{{- end -}}
+
+{{/* Call with (list NAME GROUP). */}}
+{{- define "rl-platform.groupMemory" -}}
+{{- include "rl-platform.memoryPlan" (list (printf "workerGroups.%s" (index . 0)) (index . 1).objectStoreMiB (index . 1).memory) -}}
+{{- end -}}
+
+{{/*
+Volumes every Ray pod mounts: /dev/shm for the object store (shmMiB of rl-platform.memoryPlan), /tmp (Ray's session dir /tmp/ray, HOME on a read-only
 root filesystem), /tmp/ray as "ray-logs" (the name and path KubeRay shares with its autoscaler sidecar), and the
-optional shared storage.
+optional shared storage: always a claim, never a hostPath volume, which the restricted Pod Security Standard forbids.
 */}}
 {{- define "rl-platform.volumes" -}}
 {{- $root := index . 0 -}}{{- $shmMiB := index . 1 -}}
@@ -83,14 +164,8 @@ optional shared storage.
   emptyDir: {}
 {{- if $root.Values.storage.enabled }}
 - name: storage
-{{- if $root.Values.storage.hostPath }}
-  hostPath:
-    path: {{ $root.Values.storage.hostPath }}
-    type: DirectoryOrCreate
-{{- else }}
   persistentVolumeClaim:
     claimName: {{ include "rl-platform.pvcName" $root }}
-{{- end }}
 {{- end }}
 {{- end -}}
 
@@ -175,7 +250,8 @@ spec:
         {{- include "rl-platform.containerPorts" $root | nindent 8 }}
       resources:
         {{- toYaml $v.head.resources | nindent 8 }}
-      {{- $env := list }}
+      {{- /* The job supervisor (on the head) waits this long after SIGTERM before SIGKILL: the trainer's checkpoint. */}}
+      {{- $env := list (dict "name" "RAY_JOB_STOP_WAIT_TIME_S" "value" (toString $v.head.jobStopWaitSeconds)) }}
       {{- if and $v.monitoring.enabled $v.monitoring.prometheusHost }}
       {{- $env = append $env (dict "name" "RAY_PROMETHEUS_HOST" "value" $v.monitoring.prometheusHost) }}
       {{- end }}
@@ -191,12 +267,17 @@ spec:
       env:
         {{- toYaml . | nindent 8 }}
       {{- end }}
+      {{- with $v.storage.credentialsSecret }}
+      envFrom:
+        - secretRef:
+            name: {{ . }}
+      {{- end }}
       securityContext:
         {{- toYaml $v.containerSecurityContext | nindent 8 }}
       volumeMounts:
         {{- include "rl-platform.volumeMounts" $root | nindent 8 }}
   volumes:
-    {{- include "rl-platform.volumes" (list $root $v.head.objectStoreMiB) | nindent 4 }}
+    {{- include "rl-platform.volumes" (list $root (include "rl-platform.headMemory" $root | fromJson).shmMiB) | nindent 4 }}
   {{- with $v.head.nodeSelector }}
   nodeSelector:
     {{- toYaml . | nindent 4 }}
@@ -240,7 +321,7 @@ spec:
         {{- include "rl-platform.containerPorts" $root | nindent 8 }}
       resources:
         requests:
-          cpu: {{ $g.cpus | quote }}
+          cpu: {{ $g.cpuRequest | default $g.cpus | quote }}
           memory: {{ $g.memory | quote }}
           {{- if $gpu }}
           nvidia.com/gpu: {{ $g.gpus | quote }}
@@ -257,12 +338,17 @@ spec:
       env:
         {{- toYaml . | nindent 8 }}
       {{- end }}
+      {{- with $v.storage.credentialsSecret }}
+      envFrom:
+        - secretRef:
+            name: {{ . }}
+      {{- end }}
       securityContext:
         {{- toYaml $v.containerSecurityContext | nindent 8 }}
       volumeMounts:
         {{- include "rl-platform.volumeMounts" $root | nindent 8 }}
   volumes:
-    {{- include "rl-platform.volumes" (list $root $g.objectStoreMiB) | nindent 4 }}
+    {{- include "rl-platform.volumes" (list $root (include "rl-platform.groupMemory" (list $name $g) | fromJson).shmMiB) | nindent 4 }}
   {{- with $g.nodeSelector }}
   nodeSelector:
     {{- toYaml . | nindent 4 }}
@@ -289,6 +375,13 @@ Call with (list $ "<workload>").
 {{- $root := index . 0 -}}{{- $workload := index . 1 -}}
 {{- $v := $root.Values -}}
 rayVersion: {{ $v.ray.version | quote }}
+# Ray token auth: KubeRay injects RAY_AUTH_MODE/RAY_AUTH_TOKEN into every Ray container, the autoscaler and the
+# RayJob submitter (values ray.auth).
+authOptions:
+  mode: {{ $v.ray.auth.mode }}
+  {{- if and (eq $v.ray.auth.mode "token") $v.ray.auth.secretName }}
+  secretName: {{ $v.ray.auth.secretName }}
+  {{- end }}
 enableInTreeAutoscaling: {{ $v.autoscaling.enabled }}
 {{- if $v.autoscaling.enabled }}
 autoscalerOptions:
@@ -301,16 +394,13 @@ autoscalerOptions:
     {{- toYaml $v.containerSecurityContext | nindent 4 }}
 {{- end }}
 headGroupSpec:
-  # Ray ports stay on a ClusterIP service: the dashboard and job API have no authentication.
+  # Ray ports stay on a ClusterIP service (and behind the token unless ray.auth.mode is disabled).
   serviceType: ClusterIP
+  {{- $mem := include "rl-platform.headMemory" $root | fromJson }}
+  {{- $params := dict "dashboard-host" "0.0.0.0" "num-cpus" (toString $v.head.rayCpus) "metrics-export-port" (toString $v.ray.ports.metrics) "object-store-memory" (toString (mul (int $mem.objectStoreMiB) 1048576)) }}
+  {{- if $mem.memoryMiB }}{{ $_ := set $params "memory" (toString (mul (int $mem.memoryMiB) 1048576)) }}{{ end }}
   rayStartParams:
-    dashboard-host: "0.0.0.0"
-    num-cpus: {{ $v.head.rayCpus | quote }}
-    metrics-export-port: {{ $v.ray.ports.metrics | quote }}
-    object-store-memory: {{ mul (int $v.head.objectStoreMiB) 1048576 | quote }}
-    {{- with $v.head.rayStartParams }}
-    {{- toYaml . | nindent 4 }}
-    {{- end }}
+    {{- mergeOverwrite $params $v.head.rayStartParams | toYaml | nindent 4 }}
   template:
     {{- include "rl-platform.headPodTemplate" (list $root $workload) | nindent 4 }}
 workerGroupSpecs:
@@ -328,16 +418,11 @@ workerGroupSpecs:
     replicas: {{ $g.replicas }}
     minReplicas: {{ $g.minReplicas }}
     maxReplicas: {{ $g.maxReplicas }}
+    {{- $mem := include "rl-platform.groupMemory" (list $name $g) | fromJson }}
+    {{- $params := dict "num-cpus" (toString $g.cpus) "metrics-export-port" (toString $v.ray.ports.metrics) "object-store-memory" (toString (mul (int $mem.objectStoreMiB) 1048576)) "memory" (toString (mul (int $mem.memoryMiB) 1048576)) }}
+    {{- with (include "rl-platform.rayResources" $g) }}{{ $_ := set $params "resources" . }}{{ end }}
     rayStartParams:
-      num-cpus: {{ $g.cpus | quote }}
-      metrics-export-port: {{ $v.ray.ports.metrics | quote }}
-      object-store-memory: {{ mul (int $g.objectStoreMiB) 1048576 | quote }}
-      {{- with (include "rl-platform.rayResources" $g) }}
-      resources: {{ . | squote }}
-      {{- end }}
-      {{- with $g.rayStartParams }}
-      {{- toYaml . | nindent 6 }}
-      {{- end }}
+      {{- mergeOverwrite $params ($g.rayStartParams | default dict) | toYaml | nindent 6 }}
     template:
       {{- include "rl-platform.workerPodTemplate" (list $root $workload $name $g) | nindent 6 }}
 {{- end }}

@@ -1,0 +1,48 @@
+"""Settings for a Ray started inside this process (`make train`, `make serve`): token auth, loopback only.
+
+Ray has no authentication by default and its GCS, raylet, worker and agent ports accept anyone who can reach
+them (arbitrary code execution: ShadowRay, CVE-2023-48022). For an embedded, single-node Ray we:
+- turn on Ray's token authentication (`RAY_AUTH_MODE=token`, Ray >= 2.52): every gRPC and dashboard/agent
+  HTTP request must carry the token. The token is made per run, 256 random bits, and handed to Ray's processes
+  only through their environment (never written to disk); set RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH to choose
+  one (e.g. to attach `ray` CLI tools);
+- make the node's address 127.0.0.1 (`RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`, the single-machine mode Ray uses
+  on macOS/Windows), so GCS, raylet, workers, agents and the metrics exporter listen on loopback only.
+Both must be in the environment before `import ray`: Ray reads them at import / process start.
+`RLP_RAY_LOOPBACK=0` keeps the token but lets Ray use the machine's address: for a container, whose network
+namespace is the fence and whose published ports (the API, metrics :8080) must reach Ray's listeners
+(docker/serve.sh sets it).
+Connecting to an existing cluster (KubeRay) changes nothing here: the pod's RAY_AUTH_MODE / RAY_AUTH_TOKEN
+(set by the chart) apply.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import sys
+from typing import MutableMapping
+
+# Ray's own names for the modes (RAY_AUTH_MODE); "disabled" is Ray's default and the documented opt-out.
+AUTH_MODES = ("token", "disabled")
+INSECURE_WARNING = (
+    "Ray token authentication is disabled: any process that can reach this machine's Ray ports can run code as "
+    "you. Use only on a machine nobody else can reach."
+)
+
+
+def configure(auth: str = "token", environ: MutableMapping[str, str] = os.environ) -> str:
+    """Prepare `environ` for an embedded Ray; returns a short description of what was set."""
+    if auth not in AUTH_MODES:
+        raise ValueError(f"Ray auth mode must be one of {', '.join(AUTH_MODES)}, got {auth!r}")
+    loopback = environ.get("RLP_RAY_LOOPBACK", "1") != "0"
+    if loopback:
+        environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    environ["RAY_AUTH_MODE"] = auth
+    if auth == "token" and not environ.get("RAY_AUTH_TOKEN") and not environ.get("RAY_AUTH_TOKEN_PATH"):
+        environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
+    constants = sys.modules.get("ray._private.ray_constants")
+    if constants is not None and environ is os.environ and loopback:
+        # Ray was imported before us (a library caller): its node-IP choice reads this at ray.init time.
+        constants.ENABLE_RAY_CLUSTER = False
+    return f"Ray auth {auth}, listening on {'127.0.0.1' if loopback else 'this machine address (RLP_RAY_LOOPBACK=0)'}"

@@ -1,0 +1,31 @@
+"""The trainer -> checkpoint -> server contract, shared by `trainer/` and `serving/` (neither imports the other).
+
+`Storage`: a local path or pyarrow URI. `checkpoint`: the layout, the versioned `CheckpointMetadata`, the run
+state, the writer (`RunCheckpoints`) and the reader (`resolve` -> `Checkpoint`). `CheckpointError`: its one error.
+"""
+
+from rl_checkpoint.checkpoint import (
+    BEST,
+    FINAL,
+    LATEST,
+    METADATA_FILE,
+    Checkpoint,
+    CheckpointMetadata,
+    RunCheckpoints,
+    RunState,
+    checkpoint_rel,
+    iter_name,
+    read_metadata,
+    read_state,
+    resolve,
+    write_metadata,
+    write_state,
+)
+from rl_checkpoint.errors import CheckpointError
+from rl_checkpoint.storage import Storage, is_uri, redact
+
+__all__ = [
+    "BEST", "FINAL", "LATEST", "METADATA_FILE", "Checkpoint", "CheckpointError", "CheckpointMetadata", "RunCheckpoints", "RunState",
+    "Storage", "checkpoint_rel", "is_uri", "iter_name", "read_metadata", "read_state", "redact", "resolve",
+    "write_metadata", "write_state",
+]

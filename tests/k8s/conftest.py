@@ -1,0 +1,120 @@
+"""Fixtures of the cluster-tier tests: one cluster per kind (`local`: the tier hack/cluster.sh builds from registry
+sources; `kind`: a kind cluster where kind can create one), deployed with `make deploy-cluster` as users do.
+
+Level A (test_1_*): KWOK fake nodes, real scheduler and KubeRay operator: placement, validation, admission.
+Level B (test_2_*): this machine as a real node: Ray really runs in pods.
+test_3_*: `make cluster-down` leaves the host as it found it.
+The local cluster needs root (a bridge, a kubelet); without it the tests skip (fail under CI=true).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+
+import pytest
+
+from hostsnap import snapshot
+from kubekit import IN_CI, ROOT, Cluster, sh
+
+FIGURES = ROOT / "bench" / "results" / "cluster_tier.json"
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if "tests/k8s/" in str(item.fspath):
+            item.add_marker(pytest.mark.k8s)
+            # The first test of a level also sets its cluster up (`make deploy-cluster`, bounded at 3600 s): on a cold
+            # machine that imports the images into the node's containerd, past pytest's 900 s default. Every wait
+            # in the tests themselves has its own deadline.
+            item.add_marker(pytest.mark.timeout(3600))
+
+
+def _skip_or_fail(msg: str):
+    if IN_CI:
+        pytest.fail(msg)
+    pytest.skip(msg)
+
+
+def _kind_unavailable() -> str | None:
+    """Why kind cannot create a cluster here (None when it can): a kind binary, a Docker daemon and a node image."""
+    kind = shutil.which("kind")
+    if not kind:
+        return "kind: no `kind` on PATH (laptops: `make kind-tool` and put it on PATH, or install kind)"
+    if subprocess.run(["docker", "info"], capture_output=True).returncode != 0:
+        return "kind: the Docker daemon does not answer"
+    if os.environ.get("RLP_TEST_KIND") != "1":
+        return "kind: set RLP_TEST_KIND=1 to create a kind cluster (it pulls kindest/node; no registry here)"
+    return None
+
+
+class _Session:
+    def __init__(self):
+        self.before = None          # host snapshot before the local cluster existed
+        self.preexisting = False    # a local cluster was already running: never tear it down
+        self.clusters: dict[tuple, Cluster] = {}
+        self.figures: dict = {}
+
+
+@pytest.fixture(scope="session")
+def k8s_session():
+    s = _Session()
+    yield s
+    if s.figures:
+        FIGURES.parent.mkdir(parents=True, exist_ok=True)
+        FIGURES.write_text(json.dumps(s.figures, indent=2, sort_keys=True) + "\n")
+
+
+def _local_cluster(s: _Session, level: str) -> Cluster:
+    if os.geteuid() != 0:
+        _skip_or_fail("local cluster tier needs root (it creates a bridge and runs a kubelet)")
+    status = sh(str(ROOT / "hack" / "cluster.sh"), "status", check=False)
+    if s.before is None:
+        s.preexisting = status.returncode == 0
+        s.before = None if s.preexisting else snapshot()
+    t0 = time.monotonic()
+    # Exactly what the README tells users: make deploy-cluster (brings the cluster up, installs the release).
+    proc = sh("make", "--no-print-directory", "deploy-cluster", "CLUSTER=local", f"LEVEL={level}", timeout=3600)
+    s.figures[f"level_{level}_deploy_cluster_s"] = round(time.monotonic() - t0, 1)
+    envline = sh(str(ROOT / "hack" / "cluster.sh"), "env").stdout.strip()
+    kv = dict(part.split("=", 1) for part in envline.removeprefix("export ").split() if "=" in part)
+    bin_dir = kv["PATH"].split(":", 1)[0]
+    print(proc.stdout[-2000:])
+    return Cluster("local", kv["KUBECONFIG"], bin_dir, level=level, figures=s.figures)
+
+
+@pytest.fixture(scope="session", params=["local", "kind"])
+def cluster_kind(request):
+    if request.param == "kind":
+        why = _kind_unavailable()
+        if why:
+            pytest.skip(why)
+    return request.param
+
+
+def _cluster(k8s_session: _Session, kind: str, level: str) -> Cluster:
+    key = (kind, level)
+    if key not in k8s_session.clusters:
+        if kind == "local":
+            k8s_session.clusters[key] = _local_cluster(k8s_session, level)
+        else:
+            sh("make", "deploy-cluster", "CLUSTER=kind", timeout=3600)
+            home_kube = os.path.expanduser("~/.kube/config")
+            k8s_session.clusters[key] = Cluster("kind", home_kube, os.path.dirname(shutil.which("kubectl") or "/usr/bin/kubectl"),
+                                                level=level, figures=k8s_session.figures)
+    return k8s_session.clusters[key]
+
+
+@pytest.fixture(scope="module")
+def cluster_a(k8s_session, cluster_kind) -> Cluster:
+    """Level A: fake CPU rollout nodes + fake GPU learner node (local), or kind's nodes."""
+    return _cluster(k8s_session, cluster_kind, "a")
+
+
+@pytest.fixture(scope="module")
+def cluster_b(k8s_session, cluster_kind) -> Cluster:
+    """Level B: this machine as the real CPU node + a fake GPU learner node (local), or kind's nodes."""
+    return _cluster(k8s_session, cluster_kind, "b")

@@ -1,0 +1,208 @@
+"""Level B: pods really run Ray. This machine is the one real node (containerd, kubelet, kube-proxy, CoreDNS) for the
+CPU pods; a KWOK node stands in for the GPU learner node (no GPU here: a learner cannot train on a fake GPU).
+
+Train then serve, as a user would: k8s/jobs/cartpole.yaml to SUCCEEDED with its checkpoint on the shared storage,
+the CPU-learner Pong variant (k8s/values/pong-cpu.yaml) for 2 iterations, the real k8s/jobs/pong.yaml placed
+(rollouts on the real node, the learner on the GPU node), and k8s/serve/rayservice.yaml answering an act request
+through its Kubernetes Service from the host and from a pod.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+from pathlib import Path
+
+import pytest
+import requests
+from prometheus_client.parser import text_string_to_metric_families
+import yaml
+from kubernetes import client
+
+from rl_checkpoint import FINAL, checkpoint_rel, resolve
+from kubekit import NAMESPACE, ROOT, Cluster, first_doc, helm_path, all_scheduled, dump, sh, wait_until
+
+# Where the chart's shared storage lives on the host (hack/deploy-cluster.sh; kind mounts it into its nodes).
+HOST_STORAGE = Path("/tmp/rl-platform")
+JOB_TIMEOUT = 1200
+
+
+@pytest.fixture(scope="module")
+def real(cluster_b: Cluster) -> Cluster:
+    c = cluster_b
+    if c.kind == "local":
+        nodes = c.node_labels()
+        assert any(l.get("rl-platform.io/node") == "real" for l in nodes.values()), nodes
+        assert not any(l.get("rl-platform.io/node") == "fake" and l.get("rl-platform.io/pool") == "cpu"
+                       for l in nodes.values()), "fake CPU nodes left over from level A"
+    return c
+
+
+
+def _job_diagnostics(c: Cluster, name: str) -> str:
+    job = c.ray("rayjobs", name)
+    logs = ""
+    for p in c.pods(f"job-name={name}"):
+        logs += c.kubectl("-n", NAMESPACE, "logs", p.metadata.name, "--tail", "60", check=False).stdout
+    return f"status: {dump(job.get('status', {}))}\nevents: {c.events_for(name)[-10:]}\nsubmitter logs:\n{logs[-4000:]}"
+
+
+def _wait_job(c: Cluster, name: str, timeout: float = JOB_TIMEOUT) -> dict:
+    def terminal():
+        st = c.ray("rayjobs", name).get("status", {})
+        if st.get("jobStatus") in ("SUCCEEDED", "FAILED", "STOPPED") or st.get("jobDeploymentStatus") in ("Failed", "ValidationFailed"):
+            return st
+        return None
+
+    try:
+        st = wait_until(f"RayJob {name} to finish", terminal, timeout, interval=3)
+    except pytest.fail.Exception:
+        raise AssertionError(f"RayJob {name} did not finish in {timeout}s\n{_job_diagnostics(c, name)}")
+    assert st.get("jobStatus") == "SUCCEEDED", f"RayJob {name}: {st.get('jobStatus')}\n{_job_diagnostics(c, name)}"
+    return st
+
+
+def _real_node(c: Cluster) -> str:
+    return next(n for n, l in c.node_labels().items() if l.get("rl-platform.io/node") == "real")
+
+
+def test_long_running_raycluster_head_runs_ray_on_the_real_node(real: Cluster):
+    heads = real.pods("app.kubernetes.io/instance=rl-platform,ray.io/node-type=head")
+    heads = [p for p in heads
+             if p.metadata.labels.get("rl-platform.io/workload") == "cluster" and p.metadata.deletion_timestamp is None]
+    assert heads, "the release's RayCluster has no head pod"
+    head = heads[0]
+    if real.kind == "local":
+        assert head.spec.node_name == _real_node(real)
+    assert head.status.phase == "Running" and all(cs.ready for cs in head.status.container_statuses), dump(head.status.to_dict())
+    # Ray's metrics port answers on the pod IP, from the host.
+    # Ray's metrics agent starts shortly after the head reports Ready.
+    def metrics():
+        try:
+            resp = requests.get(f"http://{head.status.pod_ip}:8080/metrics", timeout=10)
+        except requests.ConnectionError as e:
+            return None if "refused" in str(e) else pytest.fail(str(e))
+        return resp if resp.status_code == 200 and "ray_" in resp.text else None
+
+    r = wait_until("Ray's metrics port on the head pod IP", metrics, 90)
+    families = {f.name for f in text_string_to_metric_families(r.text)}
+    assert any(n.startswith("ray_") for n in families), sorted(families)[:20]
+
+
+def test_cartpole_rayjob_succeeds_and_writes_its_checkpoint(real: Cluster):
+    name = first_doc("k8s/jobs/cartpole.yaml")["metadata"]["name"]
+    final = HOST_STORAGE / "results" / "cartpole" / checkpoint_rel(FINAL)
+    t0 = time.monotonic()
+    real.apply("k8s/jobs/cartpole.yaml")
+    _wait_job(real, name)
+    real.figures["level_b_cartpole_apply_to_succeeded_s"] = round(time.monotonic() - t0, 1)
+    meta = resolve(str(final)).metadata
+    assert meta is not None and meta.env and (meta.iteration or 0) >= 1, meta
+    real.delete_ray("rayjobs", name)
+
+
+def _pong_cpu_job() -> str:
+    """k8s/values/pong-cpu.yaml rendered with a 2-iteration, small-batch override (the documented CPU-learner Pong)."""
+    values = ROOT / "k8s" / "values" / "pong-cpu.yaml"
+    overrides = yaml.safe_load(values.read_text())["rayJob"]["overrides"] + [
+        "stop.iterations=2", "algo.train_batch_size=400", "algo.minibatch_size=100", "algo.num_epochs=1"]
+    helm = helm_path()
+    return sh(helm, "template", "rl-platform", str(ROOT / "charts" / "rl-platform"), "--namespace", NAMESPACE,
+              "-f", str(values), "--set-json", f"rayJob.overrides={json.dumps(overrides)}",
+              "--show-only", "templates/rayjob.yaml").stdout
+
+
+def test_pong_cpu_learner_variant_succeeds(real: Cluster):
+    manifest = _pong_cpu_job()
+    name = yaml.safe_load(manifest)["metadata"]["name"]
+    t0 = time.monotonic()
+    real.kubectl("-n", NAMESPACE, "apply", "-f", "-", input=manifest)
+    _wait_job(real, name)
+    real.figures["level_b_pong_cpu_2iter_apply_to_succeeded_s"] = round(time.monotonic() - t0, 1)
+    final = HOST_STORAGE / "results" / "pong" / checkpoint_rel(FINAL)
+    assert resolve(str(final)).metadata.framestack == 4
+    real.delete_ray("rayjobs", name)
+
+
+def test_real_pong_manifest_rollouts_on_real_node_learner_on_gpu_node(real: Cluster):
+    if real.kind != "local":
+        pytest.skip("the fake GPU node exists on the local tier only")
+    name = first_doc("k8s/jobs/pong.yaml")["metadata"]["name"]
+    real.apply("k8s/jobs/pong.yaml")
+    rc = wait_until("the Pong RayCluster", lambda: real.ray("rayjobs", name).get("status", {}).get("rayClusterName"), 120)
+    want = 1 + sum(int(g.get("replicas", 0)) for g in real.ray("rayclusters", rc)["spec"]["workerGroupSpecs"])
+    pods = wait_until("every Pong pod scheduled", lambda: (lambda ps: ps if len(ps) >= want and all_scheduled(ps) else None)(
+        real.pods(f"ray.io/cluster={rc}")), 300)
+    labels = real.node_labels()
+    for p in pods:
+        group = p.metadata.labels.get("ray.io/group")
+        node = labels[p.spec.node_name]
+        if group == "learner-gpu":
+            assert node.get("rl-platform.io/pool") == "gpu" and node.get("rl-platform.io/node") == "fake", p.spec.node_name
+        else:
+            assert node.get("rl-platform.io/node") == "real", f"{p.metadata.name} ({group}) on {p.spec.node_name}"
+    # The rollout workers' Ray really starts on the real node.
+    wait_until("Pong rollout workers Running", lambda: all(
+        p.status.phase == "Running" for p in real.pods(f"ray.io/cluster={rc},ray.io/group=rollout-cpu")), 300)
+    real.delete_ray("rayjobs", name)
+
+
+def _pong_frame_request() -> dict:
+    frame = bytes(210 * 160 * 3)
+    return {"session_id": "k8s-test", "reset": True,
+            "frame": {"b64": base64.b64encode(frame).decode(), "dtype": "uint8", "shape": [210, 160, 3]}}
+
+
+def test_rayservice_answers_through_its_service_from_host_and_pod(real: Cluster):
+    doc = first_doc("k8s/serve/rayservice.yaml")
+    name = doc["metadata"]["name"]
+    t0 = time.monotonic()
+    real.apply("k8s/serve/rayservice.yaml")
+    svc_name = f"{name}-serve-svc"
+
+    def serving():
+        svc = real.core.read_namespaced_service(svc_name, NAMESPACE)
+        ip = svc.spec.cluster_ip
+        r = requests.post(f"http://{ip}:8000/v1/policies/default/act", json=_pong_frame_request(), timeout=10)
+        return (ip, r) if r.status_code == 200 else None
+
+    try:
+        ip, r = wait_until(f"RayService {name} to answer on {svc_name}", serving, 900, interval=3)
+    except pytest.fail.Exception:
+        raise AssertionError(f"RayService {name}: {dump(real.ray('rayservices', name).get('status', {}))}")
+    real.figures["level_b_rayservice_apply_to_first_answer_s"] = round(time.monotonic() - t0, 1)
+    assert r.json()["action"] in range(6), r.text
+    # Train then serve without copying: the Serve pods answer with the checkpoint the Pong RayJob's pods wrote on the
+    # shared claim (test_pong_cpu_learner_variant_succeeds), as the host sees it on the PersistentVolume's folder.
+    written = resolve(str(HOST_STORAGE / "results" / "pong" / checkpoint_rel(FINAL)))
+    info = requests.get(f"http://{ip}:8000/v1/policies/default", timeout=10).json()
+    assert info["checkpoint_id"] == written.checkpoint_id, (info, written.metadata)
+    # From a pod, through cluster DNS and the same Service (restricted Pod Security: non-root, no capabilities).
+    url = f"http://{svc_name}.{NAMESPACE}.svc.cluster.local:8000/v1/policies/default/act"
+    # The request (a 100 KB raw frame) is built inside the pod: it is too long for a command-line argument.
+    code = ("import base64,json,urllib.request as u;"
+            "body={'session_id':'k8s-pod','reset':True,'frame':{'b64':base64.b64encode(bytes(210*160*3)).decode(),"
+            "'dtype':'uint8','shape':[210,160,3]}};"
+            f"req=u.Request({url!r},data=json.dumps(body).encode(),headers={{'Content-Type':'application/json'}});"
+            "print(u.urlopen(req,timeout=20).read().decode())")
+    pod = client.V1Pod(
+        metadata=client.V1ObjectMeta(name="act-probe", labels={"app.kubernetes.io/name": "act-probe"}),
+        spec=client.V1PodSpec(restart_policy="Never", automount_service_account_token=False,
+                              security_context=client.V1PodSecurityContext(run_as_non_root=True, run_as_user=1000,
+                                                                           seccomp_profile=client.V1SeccompProfile(type="RuntimeDefault")),
+                              containers=[client.V1Container(
+                                  name="probe", image=real.ray("rayservices", name)["spec"]["rayClusterConfig"]["headGroupSpec"]["template"]["spec"]["containers"][0]["image"],
+                                  image_pull_policy="IfNotPresent", command=["python", "-c", code],
+                                  security_context=client.V1SecurityContext(allow_privilege_escalation=False,
+                                                                            capabilities=client.V1Capabilities(drop=["ALL"])))]))
+    real.core.delete_namespaced_pod("act-probe", NAMESPACE, grace_period_seconds=0) if real.pods("app.kubernetes.io/name=act-probe") else None
+    wait_until("old act-probe gone", lambda: not real.pods("app.kubernetes.io/name=act-probe"), 60)
+    real.core.create_namespaced_pod(NAMESPACE, pod)
+    phase = wait_until("act-probe pod to finish", lambda: (lambda p: p.status.phase if p.status.phase in ("Succeeded", "Failed") else None)(
+        real.core.read_namespaced_pod("act-probe", NAMESPACE)), 180)
+    # _preload_content=False: the client would parse a JSON log line and hand back its Python repr.
+    out = real.core.read_namespaced_pod_log("act-probe", NAMESPACE, _preload_content=False).data.decode()
+    assert phase == "Succeeded", out
+    assert json.loads(out.strip().splitlines()[-1])["action"] in range(6), out
+    real.core.delete_namespaced_pod("act-probe", NAMESPACE)

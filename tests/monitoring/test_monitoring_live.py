@@ -1,0 +1,296 @@
+"""Monitoring proven live: a real Prometheus (Debian's package, via hack/tools.sh) scrapes a live local Ray's metrics
+port while a short training runs and the policy server takes traffic; every dashboard panel query and every rule of
+the chart (rendered by helm, as shipped) must return series. The report goes to bench/results/monitoring_live.json.
+
+Alert rules are conditions (`x > threshold`); a healthy run must not meet them, so the test evaluates each alert's
+expression without its trailing comparison (promkit.underlying) and asserts the underlying series exist: that proves
+metric names, labels and arithmetic match what Ray exports. Whether they fire at their thresholds is promtool's job
+(tests/chart/promtool/rules_test.yaml). Queries that cannot return data on one CPU-only node are listed in
+EXPECTED_EMPTY with the reason; an entry that starts returning data is reported as stale.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import requests
+import yaml
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(ROOT / "tests" / "chart"))
+sys.path.insert(0, str(ROOT / "tests" / "serving"))
+sys.path.insert(0, str(ROOT / "hack"))
+
+import promconfig  # noqa: E402
+from chartkit import Tools, tool_env  # noqa: E402
+from promkit import Prometheus, dashboard_queries, free_port, resolve_variables, rule_queries  # noqa: E402
+from trainer_helpers import stop_process  # noqa: E402
+
+pytestmark = [pytest.mark.slow, pytest.mark.monitoring]
+REPORT = ROOT / "bench" / "results" / "monitoring_live.json"
+
+_NO_GPU = "no GPU on this CPU-only host"
+_ONE_NODE = "a one-node local Ray: no worker nodes, no autoscaler"
+_NO_GRPC = "the policy server is HTTP only (no gRPC ingress)"
+_HEALTHY = "counts failures/OOM kills/spilling that a healthy short run does not have"
+# (dashboard uid or rule group, panel title or rule name without the [refId]) -> why it has no data here.
+_NO_APP_ERRORS = "the policy answers client mistakes itself (4xx responses); no replica raised an exception"
+_NO_MULTIPLEX = "the policy server does not use Serve model multiplexing"
+# (dashboard uid or rule group, panel title or rule name [refId]) -> why it has no data here.
+EXPECTED_EMPTY: dict[tuple[str, str], str] = {
+    **{("rayDefaultDashboard", f"{t} [{r}]"): _NO_GPU for t, refs in {
+        "Cluster Utilization": "BD", "Node GPU Usage": "AB", "Node GPU Usage %": "A",
+        "Node GPU Memory Usage (GRAM)": "AB", "Node GPU Memory Usage (GRAM) %": "A", "Node GPU Power": "A",
+        "Node GPU Temperature": "A", "Node GPU Usage by Component": "A",
+        "Node GPU Memory Usage by Component": "AB", "Logical GPUs Usage": "ABC",
+        "Node TPU Tensorcore Utilization %": "A", "Node TPU High Bandwidth Memory Utilization %": "A"}.items()
+       for r in refs},
+    ("rayServeDashboard", "Cluster Utilization [B]"): _NO_GPU,
+    # Gauges of Serve's request router, reported while requests wait to be scheduled onto a replica: one policy
+    # replica with spare capacity may never queue one in the run window (seen both ways; "stale" when it has data).
+    ("rayServeDashboard", "Scheduling Tasks [A]"): "requests only queue in Serve's router when every replica is busy",
+    ("rayServeDashboard", "Scheduling Tasks in Backoff [A]"): "requests only back off when no replica can take them",
+    ("rayServeDashboard", "Cluster Utilization [D]"): _NO_GPU,
+    ("rayDefaultDashboard", "Ray OOM Kills (Tasks and Actors) [A]"): _HEALTHY,
+    ("rayDefaultDashboard", "Unexpected System Level Worker Failures [A]"): _HEALTHY,
+    ("rayDefaultDashboard", "All Tasks by State [B]"): "retried tasks only (IsRetry!=0): " + _HEALTHY,
+    ("rayDefaultDashboard", "Active Tasks by Name [B]"): "retried tasks only (IsRetry!=0): " + _HEALTHY,
+    ("rayDefaultDashboard", "Running Tasks by Name [B]"): "retried tasks only (IsRetry!=0): " + _HEALTHY,
+    ("rayDefaultDashboard", "All Placement Groups by State [A]"): "PPO with local env runner and learner "
+                                                                  "creates no placement group",
+    **{("rayServeDashboard", f"{t} [B]"): _NO_GRPC for t in (
+        "QPS per application", "Error QPS per application", "Error QPS per application per error code",
+        "P50 latency per application", "P90 latency per application", "P99 latency per application")},
+    ("rayServeDashboard", "Ongoing gRPC Requests [A]"): _NO_GRPC,
+    ("rayServeDashboard", "Error QPS per deployment [A]"): _NO_APP_ERRORS,
+    ("rayServeDeploymentDashboard", "Error QPS per replica [A]"): _NO_APP_ERRORS,
+    **{("rayServeDeploymentDashboard", f"{t} [A]"): _NO_MULTIPLEX for t in (
+        "Multiplexed models per replica", "Multiplexed model loads per replica",
+        "Multiplexed model unloads per replica", "P99 latency of multiplexed model loads per replica",
+        "P99 latency of multiplexed model unloads per replica", "Multiplexed model ids per replica",
+        "Multiplexed model cache hit rate")},
+    ("rayDefaultDashboard", "Node Count [B]"): "autoscaler_recently_failed_nodes: no node failed",
+    ("rayServeDashboard", "Node count [B]"): "autoscaler_recently_failed_nodes: no node failed",
+    ("rayDefaultDashboard", "Logical CPUs Usage [C]"): "shown only while pending demand exceeds the cluster; "
+                                                      "a fixed one-node Ray has none",
+    ("rayDefaultDashboard", "Logical Memory Usage [C]"): "shown only while pending demand exceeds the cluster; "
+                                                        "a fixed one-node Ray has none",
+    ("rl-platform.nodes", "RayWorkerDown"): _ONE_NODE + " (up{ray_io_node_type=\"worker\"} has no series)",
+}
+
+
+def _rendered(tools: Tools) -> list[dict]:
+    return tools.render(sets={"monitoring.enabled": True})
+
+
+def _dashboards(docs: list[dict]) -> list[dict]:
+    out = []
+    for d in docs:
+        if d["kind"] == "ConfigMap" and d["metadata"].get("labels", {}).get("grafana_dashboard") == "1":
+            ((_, body),) = d["data"].items()
+            out.append(json.loads(body))
+    return out
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.pop("RAY_ADDRESS", None)
+    env.update(PYTHONUNBUFFERED="1", RAY_USAGE_STATS_ENABLED="0",
+               PYTHONPATH=os.pathsep.join([str(ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])))
+    env.update(extra)
+    return env
+
+
+class RayHead:
+    """`ray start --head --block` on 127.0.0.1 with every port ephemeral, in its own process group (stopped by
+    signalling that group: never `ray stop`, which would stop every Ray on the machine)."""
+
+    def __init__(self, temp_dir: str, env: dict[str, str]):
+        self.gcs, self.metrics_port, self.dashboard_port = free_port(), free_port(), free_port()
+        self.address = f"127.0.0.1:{self.gcs}"
+        Path(temp_dir).mkdir(parents=True, exist_ok=True)
+        self.log = open(Path(temp_dir).parent / "ray-head.log", "w")
+        cmd = [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block",
+               "--node-ip-address=127.0.0.1", f"--port={self.gcs}", f"--temp-dir={temp_dir}",
+               f"--metrics-export-port={self.metrics_port}", "--dashboard-host=127.0.0.1",
+               f"--dashboard-port={self.dashboard_port}", f"--dashboard-agent-listen-port={free_port()}",
+               f"--dashboard-agent-grpc-port={free_port()}", f"--runtime-env-agent-port={free_port()}",
+               f"--ray-client-server-port={free_port()}", f"--node-manager-port={free_port()}",
+               f"--object-manager-port={free_port()}", "--num-cpus=3", "--disable-usage-stats"]
+        self.proc = subprocess.Popen(cmd, env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def wait_metrics(self, name: str, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, f"ray start exited {self.proc.returncode}"
+            try:
+                if name in requests.get(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5).text:
+                    return
+            except requests.RequestException:
+                pass
+            time.sleep(0.5)
+        raise AssertionError(f"{name} not on Ray's metrics port after {timeout_s}s")
+
+    def stop(self) -> None:
+        for sig, wait in ((signal.SIGTERM, 20), (signal.SIGKILL, 10)):
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                self.proc.wait(timeout=wait)
+            except subprocess.TimeoutExpired:
+                continue
+        self.log.close()
+
+
+def _traffic(base: str, stop: threading.Event, counts: dict[str, int]) -> None:
+    """Acts with the policy, plus client mistakes (unknown policy, bad body): error panels need errors."""
+    s = requests.Session()
+    i = 0
+    while not stop.is_set():
+        i += 1
+        if i % 10 == 0:
+            r = s.post(f"{base}/v1/policies/nope/act", json={"observation": [0.0] * 4}, timeout=10)
+        elif i % 10 == 5:
+            r = s.post(f"{base}/v1/policies/default/act", json={"observation": "bad"}, timeout=10)
+        else:
+            r = s.post(f"{base}/v1/policies/default/act", json={"observation": [0.01 * (i % 7)] * 4}, timeout=10)
+        counts[str(r.status_code)] = counts.get(str(r.status_code), 0) + 1
+        time.sleep(0.02)
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory):
+    from make_checkpoint import make_module_checkpoint
+    from serving import launch
+
+    tools = Tools(tool_env())
+    prom_bin = tools.env.get("PROMETHEUS", "")
+    if not prom_bin or not os.path.exists(prom_bin):
+        from chartkit import missing
+
+        missing("PROMETHEUS (the Prometheus server)")
+    docs = _rendered(tools)
+    work = Path(os.environ.get("RLP_MONITORING_TMP") or __import__("tempfile").mkdtemp(prefix="rlmon", dir="/tmp"))
+    rules_path = work / "rules.yaml"
+    rules = promconfig.rule_groups(docs)
+    rules_path.write_text(yaml.safe_dump(rules, sort_keys=False))
+
+    prom_port, serve_port = free_port(), free_port()
+    # The head's env: the Ray dashboard's metrics view asks RAY_PROMETHEUS_HOST; direct ingress needs its ports
+    # set before Ray starts (serving.launch.ingress_env).
+    # The autoscaler and the dashboard export their own metrics (Ray's defaults 44217/44227 would clash with any
+    # other Ray on this machine).
+    as_port, dash_port = free_port(), free_port()
+    # Workers push their metrics to the node's agent every 2 s instead of Ray's 10 s, so a short run is seen.
+    head_env = _env(RAY_PROMETHEUS_HOST=f"http://127.0.0.1:{prom_port}", AUTOSCALER_METRIC_PORT=str(as_port),
+                    RAY_metrics_report_interval_ms="2000",
+                    DASHBOARD_METRIC_PORT=str(dash_port), **launch.ingress_env("direct", serve_port))
+    t0 = time.time()
+    head = RayHead(str(work / "ray"), head_env)
+    procs: list[subprocess.Popen] = []
+    prom = None
+    stop = threading.Event()
+    try:
+        head.wait_metrics("ray_node_cpu_utilization", 120)
+        prom = Prometheus(prom_bin, promconfig.local_config([f"127.0.0.1:{p}" for p in (head.metrics_port, as_port, dash_port)], [str(rules_path)],
+                                                            interval="2s"), work / "prometheus", port=prom_port)
+        ckpt = make_module_checkpoint(work / "policy", "cartpole")
+        cfg = launch.with_overrides(launch.load_config(), policies={"default": str(ckpt)})
+        (work / "serve_config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+        serve_log = open(work / "serve.log", "w")
+        serve = subprocess.Popen(
+            [sys.executable, "-m", "serving", "--address", head.address, "--config", str(work / "serve_config.yaml"),
+             "--port", str(serve_port), "--proxy-port", str(free_port())],
+            cwd=ROOT, env=head_env, stdout=subprocess.PIPE, stderr=serve_log, text=True)
+        procs.append(serve)
+        for line in serve.stdout:
+            if '"ready"' in line:
+                break
+        else:
+            raise AssertionError(f"policy server exited {serve.wait()}:\n{(work / 'serve.log').read_text()[-3000:]}")
+        counts: dict[str, int] = {}
+        traffic = threading.Thread(target=_traffic, args=(f"http://127.0.0.1:{serve_port}", stop, counts),
+                                   daemon=True)
+        traffic.start()
+        # Training runs (about 30 s of CartPole, stopped by wall time, never "solved" early) until Prometheus has
+        # scraped every training series at least twice while the trainer was alive.
+        train = subprocess.Popen(
+            [sys.executable, "-m", "trainer", f"resources.address={head.address}", f"output_dir={work / 'train'}",
+             "stop.episode_return_mean=null", "stop.env_steps=null", "stop.wall_s=30",
+             "checkpoint.every_n_iterations=2"],
+            cwd=ROOT, env=_env(), stdout=open(work / "train.log", "w"), stderr=subprocess.STDOUT)
+        procs.append(train)
+        # The Serve replica's own gauges too: on a loaded machine its metrics reach the agent seconds after traffic.
+        gauges = " and ".join(f"count(count_over_time({n}[1m]) >= 2)" for n in (
+            "ray_rl_train_episode_return_mean", "ray_rl_train_last_checkpoint_timestamp_seconds",
+            "ray_rl_train_learner_update_seconds", "rl_platform:serve_requests:rate5m",
+            "ray_serve_deployment_replica_healthy", "ray_rl_serve_policy_info"))
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and not prom.api("query", query=gauges)["result"]:
+            assert train.poll() is None, f"trainer exited {train.returncode} before its metrics were scraped:\n" \
+                                         + (work / "train.log").read_text()[-3000:]
+            time.sleep(1)
+        assert train.wait(timeout=300) == 0, (work / "train.log").read_text()[-4000:]
+        stop.set()
+        traffic.join(timeout=15)
+        dash_health = requests.get(f"http://127.0.0.1:{head.dashboard_port}/api/prometheus_health", timeout=30)
+        yield {"prom": prom, "docs": docs, "rules": rules, "start": t0, "end": time.time(), "counts": counts,
+               "dashboard_health": dash_health, "setup_s": time.time() - t0}
+    finally:
+        stop.set()
+        for p in procs:
+            stop_process(p, signal.SIGINT)
+        if prom is not None:
+            prom.stop()
+        head.stop()
+
+
+def test_every_panel_and_rule_returns_series(live):
+    prom, end, step = live["prom"], live["end"], 5
+    # Evaluation steps end exactly at `end`: a grid anchored at the start could stop up to a step before it.
+    start = end - step * math.ceil((end - live["start"]) / step)
+    assert sum(v for k, v in live["counts"].items() if k == "200") > 50, live["counts"]
+    queries = []
+    for dash in _dashboards(live["docs"]):
+        queries += dashboard_queries(dash, resolve_variables(dash, prom, start, end))
+    queries += rule_queries(live["rules"])
+    rows, empty, stale = [], [], []
+    for q in queries:
+        series = prom.query_range(q.query, start, end, step)
+        key = (q.source, q.name)
+        row = {"kind": q.kind, "source": q.source, "name": q.name, "query": q.query, "series": len(series)}
+        if key in EXPECTED_EMPTY:
+            row["expected_empty"] = EXPECTED_EMPTY[key]
+            if series:
+                stale.append(key)
+        elif not series:
+            empty.append(f"{q.kind} {q.source} / {q.name}: {q.query}")
+        rows.append(row)
+    REPORT.parent.mkdir(parents=True, exist_ok=True)
+    REPORT.write_text(json.dumps({
+        "what": "series each shipped dashboard panel query / rule returned from a real Prometheus scraping a live "
+                "local Ray (tests/monitoring/test_monitoring_live.py)",
+        "wall_s": round(time.time() - live["start"], 1), "requests_by_status": live["counts"],
+        "panels": sum(r["kind"] == "panel" for r in rows), "alerts": sum(r["kind"] == "alert" for r in rows),
+        "records": sum(r["kind"] == "record" for r in rows), "empty": empty,
+        "stale_expected_empty": [list(k) for k in stale], "queries": rows}, indent=1) + "\n")
+    assert not empty, f"{len(empty)} of {len(rows)} queries returned no series:\n" + "\n".join(empty)
+
+
+def test_ray_dashboard_metrics_view_reaches_prometheus(live):
+    """RAY_PROMETHEUS_HOST on the head: the Ray dashboard's metrics view finds this Prometheus."""
+    r = live["dashboard_health"]
+    assert r.status_code == 200, r.text

@@ -1,0 +1,98 @@
+"""Nothing unauthenticated off loopback: what `make serve` and `make train` actually listen on.
+
+Each test starts the real entry point, lists the LISTEN sockets of its whole process tree (psutil) and fails on a
+listener outside loopback that does not refuse a request without Ray's token. It also checks that the token is
+on at all: Ray's GCS refuses an unauthenticated call (a local user without the token cannot drive Ray).
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from listeners import grpc_code, listeners, ray_token, token_guarded
+from trainer_helpers import REPO, free_port, short_tmp, stop_process, trainer_cmd, trainer_env
+
+
+
+def _own_ip() -> str:
+    """An address of this machine other than loopback, to reach listeners bound to all interfaces."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect(("192.0.2.1", 9))  # no packet is sent; picks the outgoing interface
+        return s.getsockname()[0]
+
+
+def _start(cmd: list[str], ready: str, timeout_s: float) -> tuple[subprocess.Popen, list[str]]:
+    """Popen `cmd`; return once a stdout line contains `ready` (lines seen are returned for messages)."""
+    env = trainer_env()
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: queue.Queue = queue.Queue()
+    seen: list[str] = []
+    threading.Thread(target=lambda: [lines.put(l) for l in proc.stdout] + [lines.put(None)], daemon=True).start()
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            line = lines.get(timeout=1)
+        except queue.Empty:
+            continue
+        if line is None:
+            break
+        seen.append(line)
+        if ready in line:
+            return proc, seen
+    stop_process(proc, signal.SIGINT, 90)
+    raise AssertionError(f"no {ready!r} line in {timeout_s}s (exit {proc.poll()}):\n{''.join(seen[-60:])}")
+
+
+def assert_nothing_open(pid: int) -> None:
+    token = ray_token(pid)
+    assert token, "Ray's daemons run without RAY_AUTH_TOKEN: token auth is off"
+    found = listeners(pid)
+    names = {l.name for l in found}
+    assert "gcs_server" in names and "raylet" in names, f"not Ray's process tree? {sorted(names)}"
+    gcs = next(l for l in found if l.name == "gcs_server")
+    assert grpc_code("127.0.0.1", gcs.port, "/ray.rpc.NodeInfoGcsService/GetAllNodeInfo", None) == "UNAUTHENTICATED"
+    assert grpc_code("127.0.0.1", gcs.port, "/ray.rpc.NodeInfoGcsService/GetAllNodeInfo", token) == "OK"
+    host = _own_ip()
+    exposed = [l for l in found if not l.loopback]
+    open_ = [str(l) for l in exposed if token_guarded(host, l.port, token) is None]
+    assert not open_, f"listening off loopback without token auth: {open_}"
+
+
+@pytest.mark.serve
+def test_make_serve_exposes_nothing_unauthenticated(tmp_path):
+    from make_checkpoint import make_module_checkpoint
+
+    ckpt = make_module_checkpoint(tmp_path / "ckpt", "cartpole")
+    port = free_port()
+    cmd = [sys.executable, "-m", "serving", "--checkpoint", str(ckpt), "--port", str(port),
+           "--proxy-port", str(free_port()), "--metrics-port", str(free_port()), "--temp-dir", short_tmp("rlsec"),
+           "--num-cpus", "2"]
+    proc, _ = _start(cmd, '"event": "ready"', 300)
+    try:
+        assert_nothing_open(proc.pid)
+    finally:
+        stop_process(proc, signal.SIGINT, 90)
+    assert proc.returncode == 0
+
+
+@pytest.mark.slow
+def test_make_train_exposes_nothing_unauthenticated(tmp_path):
+    # One env runner actor, so a Ray worker process (with its own gRPC server) is part of the tree.
+    cmd = trainer_cmd(f"output_dir={tmp_path}", "stop.iterations=1000", "resources.num_env_runners=1",
+                      "algo.train_batch_size=200", "algo.minibatch_size=100", "algo.num_epochs=1",
+                      f"resources.ray_tmp_dir={short_tmp('rlsec')}")
+    proc, _ = _start(cmd, "| env steps", 300)
+    try:
+        assert_nothing_open(proc.pid)
+    finally:
+        stop_process(proc, signal.SIGINT, 90)

@@ -30,6 +30,9 @@
 #   RLP_NODE_IMAGES        docker images imported into containerd (default: IMAGE_CPU of mk/versions.mk; built with
 #                          hack/images.sh when Docker lacks it). "" imports none besides the pause image.
 #   RLP_NODE_KEEP_IMAGES   1 (default): `down` keeps the containerd image store; 0: removes it too.
+#   RLP_NODE_KEEP_LAYERS   0 (default): once an image is unpacked, its layer blobs leave the content store (what
+#                          containerd's CRI option discard_unpacked_layers does for pulls): the node holds each image
+#                          once (the snapshot), not twice. 1: keep them.
 #   RLP_NODE_READY_TIMEOUT seconds `up` waits for the node to be Ready (default 180).
 #   RLP_CTR_ROOT           containerd's root (image store), default ${RLP_CACHE}/containerd-root.
 #   K8S_BIN COREDNS PAUSE_IMAGE_TAR PAUSE_IMAGE   tool paths (default: `hack/tools.sh env`).
@@ -477,6 +480,32 @@ import_tar_image() { # import_tar_image REF ID TAR-or-"-" (stdin)
   got="$(ctr_image_id "${ref}")"
   [[ "${got}" == "${want}" ]] || die "imported ${ref} but containerd has ${got:-nothing}, expected ${want}"
 }
+# discard_layers REF: remove the layer blobs of an unpacked image from the content store; prints "COUNT BYTES".
+# Containers start from the snapshot, which the image config (kept) names; the blobs are needed only to unpack
+# again, which an imported image never is. Refuses when the config has no snapshot label (not unpacked).
+discard_layers() {
+  "${PY}" - "${CTR_SOCK}" "$1" <<'EOF'
+import json, subprocess, sys
+sock, ref = sys.argv[1], sys.argv[2]
+ctr = ["ctr", "--address", sock, "-n", "k8s.io"]
+def run(*a):
+    return subprocess.run(ctr + list(a), check=True, capture_output=True, text=True).stdout
+def get(d):
+    return json.loads(run("content", "get", d))
+m = get(run("images", "ls", f"name=={ref}").splitlines()[1].split()[2])
+if "manifests" in m:
+    m = get(m["manifests"][0]["digest"])
+config = m["config"]["digest"]
+row = [r for r in run("content", "ls").splitlines() if r.startswith(config)]
+if not row or "containerd.io/gc.ref.snapshot." not in row[0]:
+    sys.exit(f"node.sh: {ref} is not unpacked (its config {config[:19]} names no snapshot); keeping its layers")
+have = set(run("content", "ls", "-q").split())
+gone = [l for l in m["layers"] if l["digest"] in have]
+if gone:
+    run("content", "rm", *[l["digest"] for l in gone])
+print(len(gone), sum(l["size"] for l in gone))
+EOF
+}
 up_images() {
   step "images into containerd (k8s.io namespace)"
   local notes=() ref want have t
@@ -505,18 +534,29 @@ up_images() {
       want="$(docker image inspect -f '{{.Id}}' "${img}")"
     fi
     if [[ "${have}" == "${want}" ]]; then notes+=("${img} present ${want:7:12}"); continue; fi
+    # An older build under the same name: drop it first (--sync: its snapshots and blobs are collected now), so
+    # the store never holds two versions of one image.
+    if [[ -n "${have}" ]]; then
+      log "replacing ${img} ${have:7:12} in containerd by ${want:7:12}"
+      ctr_ images rm --sync "${ref}" >/dev/null
+    fi
     local size free need_b
     size="$(docker image inspect -f '{{.Size}}' "${img}")"
     free="$(disk_free_bytes "${CTR_ROOT}")"
-    # content store (the saved layers) + the unpacked snapshot + the kubelet's eviction margin + 2 GiB
-    need_b=$((2 * size + $(eviction_bytes) + 2 * 1024 * 1024 * 1024))
+    # The import's peak: the saved layers in the content store + the unpacked snapshot, + 1 GiB of headroom. The
+    # layers go once unpacked (discard_layers), so pods get the rest; the kubelet's eviction threshold is set from
+    # what is free after the import (eviction_bytes).
+    need_b=$((2 * size + 1024 * 1024 * 1024))
     if ((free < need_b)); then
-      die "not enough free disk for ${img} in ${CTR_ROOT}: $((free >> 20)) MiB free, need ~$((need_b >> 20)) MiB (2x the image's $((size >> 20)) MiB + eviction margin + 2 GiB); free space (docker image prune, RLP_NODE_KEEP_IMAGES=0 ${0} down) or set RLP_CTR_ROOT"
+      die "not enough free disk for ${img} in ${CTR_ROOT}: $((free >> 20)) MiB free, need ~$((need_b >> 20)) MiB while importing (2x the image's $((size >> 20)) MiB + 1 GiB; $((size >> 20)) MiB once imported); free space (docker image prune, RLP_NODE_KEEP_IMAGES=0 ${0} down) or set RLP_CTR_ROOT"
     fi
     log "importing ${img} ($((size >> 20)) MiB) into containerd: docker save | ctr import"
     t=${SECONDS}
     docker save "${img}" | import_tar_image "${ref}" "${want}" -
     notes+=("${img} imported $((SECONDS - t))s")
+    if [[ "${RLP_NODE_KEEP_LAYERS:-0}" != 1 ]]; then
+      local d; d="$(discard_layers "${ref}")"; notes+=("${img}: ${d%% *} layer blobs ($(( ${d##* } >> 20 )) MiB) discarded")
+    fi
   done
   local n joined=""; for n in "${notes[@]}"; do joined+="${joined:+; }${n}"; done
   done_step images "${joined}"

@@ -171,6 +171,29 @@ def _traffic(base: str, stop: threading.Event, counts: dict[str, int]) -> None:
         time.sleep(0.02)
 
 
+def _fail_unscraped(prom: Prometheus, head: RayHead, needed: tuple[str, ...], work: Path) -> None:
+    """Names each series Prometheus has not seen twice, and whether Ray's metrics port exports it at all (a
+    scrape problem) or not (the process never reported it), with the logs that say why."""
+    try:
+        exposition = requests.get(f"http://127.0.0.1:{head.metrics_port}/metrics", timeout=30).text
+    except requests.RequestException as e:
+        exposition = f"<metrics port unreachable: {e}>"
+    lines = []
+    for n in needed:
+        if prom.api("query", query=f"count_over_time({n}[1m]) >= 2")["result"]:
+            continue
+        where = "a recording rule: see its inputs" if ":" in n else \
+            "exported by Ray's metrics port (a scrape problem)" if n in exposition else \
+            "absent from Ray's metrics port (never reported)"
+        lines.append(f"{n}: {where}")
+    targets = [(t["scrapeUrl"], t["health"], t.get("lastError", ""), t.get("lastScrapeDuration"))
+               for t in prom.api("targets")["activeTargets"]]
+    logs = "\n".join(f"--- {f.name}\n{f.read_text(errors='replace')[-2500:]}" for f in
+                     (work / "serve.log", work / "ray-head.log") if f.exists())
+    raise AssertionError("after 300 s Prometheus still lacks:\n  " + "\n  ".join(lines)
+                         + f"\nscrape targets: {targets}\n{logs}")
+
+
 @pytest.fixture(scope="module")
 def live(tmp_path_factory):
     from make_checkpoint import make_module_checkpoint
@@ -234,14 +257,16 @@ def live(tmp_path_factory):
             cwd=ROOT, env=_env(), stdout=open(work / "train.log", "w"), stderr=subprocess.STDOUT)
         procs.append(train)
         # The Serve replica's own gauges too: on a loaded machine its metrics reach the agent seconds after traffic.
-        gauges = " and ".join(f"count(count_over_time({n}[1m]) >= 2)" for n in (
-            "ray_rl_train_episode_return_mean", "ray_rl_train_last_checkpoint_timestamp_seconds",
-            "ray_rl_train_learner_update_seconds", "rl_platform:serve_requests:rate5m",
-            "ray_serve_deployment_replica_healthy", "ray_rl_serve_policy_info"))
+        needed = ("ray_rl_train_episode_return_mean", "ray_rl_train_last_checkpoint_timestamp_seconds",
+                  "ray_rl_train_learner_update_seconds", "rl_platform:serve_requests:rate5m",
+                  "ray_serve_deployment_replica_healthy", "ray_rl_serve_policy_info")
+        gauges = " and ".join(f"count(count_over_time({n}[1m]) >= 2)" for n in needed)
         deadline = time.monotonic() + 300
-        while time.monotonic() < deadline and not prom.api("query", query=gauges)["result"]:
+        while not prom.api("query", query=gauges)["result"]:
             assert train.poll() is None, f"trainer exited {train.returncode} before its metrics were scraped:\n" \
                                          + (work / "train.log").read_text()[-3000:]
+            if time.monotonic() > deadline:
+                _fail_unscraped(prom, head, needed, work)
             time.sleep(1)
         assert train.wait(timeout=300) == 0, (work / "train.log").read_text()[-4000:]
         stop.set()

@@ -270,7 +270,8 @@ class PolicyServer:
             elif path == "/healthz":
                 endpoint = "healthz"
                 self._allow(method, "GET")
-                resp = _json_response({"status": "ok", "uptime_s": round(time.time() - self._started, 3)})
+                resp = _json_response({"status": "ok", "uptime_s": round(time.time() - self._started, 3),
+                                       "acting": self._acting})
             elif path == "/readyz":
                 endpoint = "readyz"
                 self._allow(method, "GET")

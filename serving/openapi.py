@@ -88,7 +88,10 @@ def openapi_document(policy_names: list[str] | None = None) -> dict[str, Any]:
                     "session_id": {"type": "string"}, "ended": {"type": "boolean"}}}), "404": client_errors["404"]},
             }},
             "/healthz": {"get": {"summary": "Liveness: the replica answers",
-                                 "responses": {"200": _ok("Alive", {"type": "object"})}}},
+                                 "responses": {"200": _ok("Alive", {"type": "object", "properties": {
+                                     "status": {"type": "string"}, "uptime_s": {"type": "number"},
+                                     "acting": {"type": "integer", "description":
+                                                "act requests this replica is answering now"}}})}}},
             "/readyz": {"get": {"summary": "Readiness: every configured policy is loaded",
                                 "responses": {"200": _ok("Ready", {"type": "object"}),
                                               "503": _ok("Not ready", {"type": "object"})}}},

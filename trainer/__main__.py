@@ -69,14 +69,12 @@ def run(cfg: DictConfig) -> dict:
 
     started_ray = not ray.is_initialized() and not cfg.resources.address
     t = time.time()
-    graceful = cfg.tune.scheduler == "none"  # Tune handles SIGINT itself
-    if graceful:
-        STOP.install(cfg.fault_tolerance.stop_grace_s)
+    tune = cfg.tune.scheduler != "none"
+    STOP.install(cfg.fault_tolerance.stop_grace_s, tune=tune)
     STARTUP.prewarm(cfg.algo.name, cfg.resources.torch_threads)  # torch/RLlib imports overlap ray.init (trainer.startup)
     init_ray(cfg.resources)
     STARTUP.mark("ray.init")
-    if graceful:
-        STOP.install(cfg.fault_tolerance.stop_grace_s)  # again: ray.init put Ray's C++ handlers (stack dumps) in place
+    STOP.install(cfg.fault_tolerance.stop_grace_s, tune=tune)  # again: ray.init put Ray's C++ handlers in place
     log(f"ray ready in {time.time() - t:.1f}s ({'embedded' if not cfg.resources.address else cfg.resources.address})")
     STARTUP.wait_imports()
     set_torch_threads(cfg.resources.torch_threads)

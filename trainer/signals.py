@@ -6,6 +6,11 @@ resumes from it. Stopping is bounded: if the iteration and the save do not finis
 `fault_tolerance.stop_grace_s` (Kubernetes kills 30 s after SIGTERM by default), or a second signal comes, the
 process exits at once with the same code and says which checkpoint a rerun will resume from.
 Installed after `ray.init`, which replaces Python's handlers with Ray's C++ ones (those print a stack dump).
+
+Under Tune (tune != none) the first signal is handed to Tune as SIGUSR1, its own "interrupt the experiment" signal:
+Tune stops the trials, saves the experiment state and returns, and a rerun of the same command restores the
+experiment (Tuner.restore) and resumes each unfinished trial from its latest checkpoint. Tune's SIGINT handler is
+disabled (TUNE_DISABLE_SIGINT_HANDLER) so both signals take this one path.
 """
 
 from __future__ import annotations
@@ -22,11 +27,14 @@ CODES = {signal.SIGTERM: 143, signal.SIGINT: 130}
 class Stopped(Exception):
     """Raised by the training loop once it has stopped for a signal; carries what the user needs to know."""
 
-    def __init__(self, signum: int, checkpoint: str | None, saved: bool):
+    def __init__(self, signum: int, checkpoint: str | None, saved: bool, experiment: str | None = None):
         self.signum, self.checkpoint, self.saved = signum, checkpoint, saved
         self.code = CODES.get(signum, 128 + signum)
         name = signal.Signals(signum).name
-        if checkpoint is None:
+        if experiment is not None:
+            what = (f"Tune experiment state saved in {experiment}; rerun the same command to resume its trials"
+                    + (f" (best trial's latest checkpoint: {checkpoint})" if checkpoint else ""))
+        elif checkpoint is None:
             what = "no checkpoint yet; a rerun starts afresh"
         elif saved:
             what = f"checkpoint saved: {checkpoint}; rerun the same command to resume from it"
@@ -43,11 +51,16 @@ class GracefulStop:
         self.grace_s = 25.0
         self.latest: Callable[[], str | None] = lambda: None
         self._timer: threading.Timer | None = None
+        self._forward: int | None = None
 
-    def install(self, grace_s: float, latest: Callable[[], str | None] | None = None) -> None:
+    def install(self, grace_s: float, latest: Callable[[], str | None] | None = None, tune: bool = False) -> None:
+        """tune=True: the first signal is passed on to Tune as SIGUSR1 (see the module docstring)."""
         self.grace_s = grace_s
         if latest is not None:
             self.latest = latest
+        if tune:
+            self._forward = signal.SIGUSR1
+            os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"
         for sig in CODES:
             signal.signal(sig, self._on_signal)
 
@@ -60,6 +73,10 @@ class GracefulStop:
         self._timer = threading.Timer(self.grace_s, self._exit_now, (signum, f"not done within {self.grace_s:g}s"))
         self._timer.daemon = True
         self._timer.start()
+        # Tune's handler (installed by Tuner.fit) ends the experiment; before fit there is none (SIGUSR1's default
+        # would kill the process) and run_tune checks `requested` instead.
+        if self._forward is not None and signal.getsignal(self._forward) not in (signal.SIG_DFL, signal.SIG_IGN, None):
+            signal.raise_signal(self._forward)
 
     def _exit_now(self, signum: int, why: str) -> None:
         latest = self.latest()

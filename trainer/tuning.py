@@ -12,6 +12,7 @@ from trainer.artifacts import RunResult
 from trainer.callbacks import RETURN_MEAN_KEY
 from trainer.errors import TrainerError
 from trainer.metrics import tune_checkpoint_callback
+from trainer.signals import STOP, Stopped
 from trainer.stopping import ENV_STEPS_KEY, ITERATION_KEY, StopRule
 from trainer.validate import check_param_space
 
@@ -104,7 +105,19 @@ def run_tune(cfg, build_algo_config, storage: Storage, log):
                 verbose=1,
             ),
         )
+    if STOP.requested:  # a signal before Tune could take it: nothing of this run to save
+        raise Stopped(STOP.requested, None, saved=False, experiment=exp_path if tune.Tuner.can_restore(exp_path) else None)
     results = tuner.fit()
+    if STOP.requested:  # trainer.signals: Tune was interrupted and saved its state; a rerun restores it
+        latest = [r.checkpoint for r in results if r.checkpoint is not None]
+        best = None
+        try:
+            best = results.get_best_result(metric=metric, mode=mode, filter_nan_and_inf=True).checkpoint
+        except RuntimeError:
+            pass
+        best = best or (latest[0] if latest else None)
+        raise Stopped(STOP.requested, _checkpoint_uri(storage, best) if best else None, saved=False,
+                      experiment=exp_path)
     errors = [str(r.error).splitlines()[0] for r in results if r.error]
     try:
         best = results.get_best_result(metric=metric, mode=mode, filter_nan_and_inf=True)

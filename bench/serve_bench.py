@@ -249,7 +249,7 @@ def ensure_checkpoint(path: str | None, workdir: Path) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--checkpoint", default=None, help="CartPole checkpoint (default: train one with 1 iteration)")
-    p.add_argument("--ingress", default="direct", choices=("direct", "haproxy", "proxy"))
+    p.add_argument("--ingress", default="direct", choices=("direct", "proxy"))
     p.add_argument("--max-batch-size", type=int, default=None, help="override user_config.max_batch_size")
     p.add_argument("--sequential", type=int, default=2000, help="requests per sequential run")
     p.add_argument("--clients", type=int, default=8)

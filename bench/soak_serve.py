@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--minutes", type=float, default=5.0)
     p.add_argument("--clients", type=int, default=8)
     p.add_argument("--sample-s", type=float, default=5.0, help="RSS sampling period")
-    p.add_argument("--ingress", default="direct", choices=("direct", "haproxy", "proxy"))
+    p.add_argument("--ingress", default="direct", choices=("direct", "proxy"))
     p.add_argument("--out", default=str(REPO / "bench" / "results" / "soak_serve.json"))
     p.add_argument("--keep", action="store_true", help="keep the temp dir (server log, Ray logs, trained checkpoint)")
     args = p.parse_args(argv)

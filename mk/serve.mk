@@ -7,7 +7,7 @@ SERVE_HOST ?= 127.0.0.1
 SERVE_PORT ?= 8000
 # Ray's metrics export port (Prometheus text at http://127.0.0.1:$(SERVE_METRICS_PORT)/metrics).
 SERVE_METRICS_PORT ?= 8080
-# direct (default, ~1 ms/request) | haproxy | proxy (Serve defaults, ~9 ms/request); see serving/README.md.
+# direct (default, ~1 ms/request) | proxy (Serve defaults, ~9 ms/request); see serving/README.md.
 SERVE_INGRESS ?= direct
 # Extra `python -m serving` flags, e.g. SERVE_ARGS="--policy pong=outputs/pong_ppo/checkpoints/final".
 SERVE_ARGS ?=

@@ -29,7 +29,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--host", default="127.0.0.1", help="bind address (default: %(default)s)")
     p.add_argument("--port", type=int, default=8000, help="HTTP port clients use (default: %(default)s)")
     p.add_argument("--proxy-port", type=int, default=None, help="classic Serve proxy port in direct mode (default: port+500)")
-    p.add_argument("--ingress", choices=launch.INGRESS_MODES, default="direct", help="(default: %(default)s)")
+    p.add_argument("--ingress", choices=launch.INGRESS_MODES, default="direct",
+                   help="direct: the replica answers on --port (~1 ms/request); proxy: Serve's classic proxy on "
+                        "--port (~9 ms/request); see serving/README.md (default: %(default)s)")
     p.add_argument("--num-replicas", type=int, default=None)
     p.add_argument("--max-batch-size", type=int, default=None, help="override user_config.max_batch_size")
     p.add_argument("--metrics-port", type=int, default=8080, help="Ray metrics export port (default: %(default)s)")

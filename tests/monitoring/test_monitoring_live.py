@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT / "hack"))
 import promconfig  # noqa: E402
 from chartkit import Tools, tool_env  # noqa: E402
 from promkit import Prometheus, dashboard_queries, free_port, resolve_variables, rule_queries  # noqa: E402
-from trainer_helpers import stop_process  # noqa: E402
+from trainer_helpers import RayHead, stop_process  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.monitoring]
 REPORT = ROOT / "bench" / "results" / "monitoring_live.json"
@@ -110,49 +110,6 @@ def _env(**extra: str) -> dict[str, str]:
                PYTHONPATH=os.pathsep.join([str(ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])))
     env.update(extra)
     return env
-
-
-class RayHead:
-    """`ray start --head --block` on 127.0.0.1 with every port ephemeral, in its own process group (stopped by
-    signalling that group: never `ray stop`, which would stop every Ray on the machine)."""
-
-    def __init__(self, temp_dir: str, env: dict[str, str]):
-        self.gcs, self.metrics_port, self.dashboard_port = free_port(), free_port(), free_port()
-        self.address = f"127.0.0.1:{self.gcs}"
-        Path(temp_dir).mkdir(parents=True, exist_ok=True)
-        self.log = open(Path(temp_dir).parent / "ray-head.log", "w")
-        cmd = [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block",
-               "--node-ip-address=127.0.0.1", f"--port={self.gcs}", f"--temp-dir={temp_dir}",
-               f"--metrics-export-port={self.metrics_port}", "--dashboard-host=127.0.0.1",
-               f"--dashboard-port={self.dashboard_port}", f"--dashboard-agent-listen-port={free_port()}",
-               f"--dashboard-agent-grpc-port={free_port()}", f"--runtime-env-agent-port={free_port()}",
-               f"--ray-client-server-port={free_port()}", f"--node-manager-port={free_port()}",
-               f"--object-manager-port={free_port()}", "--num-cpus=3", "--disable-usage-stats"]
-        self.proc = subprocess.Popen(cmd, env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
-
-    def wait_metrics(self, name: str, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            assert self.proc.poll() is None, f"ray start exited {self.proc.returncode}"
-            try:
-                if name in requests.get(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5).text:
-                    return
-            except requests.RequestException:
-                pass
-            time.sleep(0.5)
-        raise AssertionError(f"{name} not on Ray's metrics port after {timeout_s}s")
-
-    def stop(self) -> None:
-        for sig, wait in ((signal.SIGTERM, 20), (signal.SIGKILL, 10)):
-            try:
-                os.killpg(self.proc.pid, sig)
-            except ProcessLookupError:
-                break
-            try:
-                self.proc.wait(timeout=wait)
-            except subprocess.TimeoutExpired:
-                continue
-        self.log.close()
 
 
 def _traffic(base: str, stop: threading.Event, counts: dict[str, int]) -> None:

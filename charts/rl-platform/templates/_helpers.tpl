@@ -233,6 +233,11 @@ spec:
   {{- end }}
   securityContext:
     {{- toYaml $v.podSecurityContext | nindent 4 }}
+  {{- if ne $workload "serve" }}
+  # Deleting, evicting or preempting the head: the preStop hook below stops the running jobs first (their drivers
+  # get SIGTERM, checkpoint, exit), within this grace; only then does Kubernetes stop the container.
+  terminationGracePeriodSeconds: {{ add $v.head.jobStopWaitSeconds 15 }}
+  {{- end }}
   containers:
     - name: ray-head
       image: {{ include "rl-platform.image" $v.image.cpu }}
@@ -271,6 +276,14 @@ spec:
       envFrom:
         - secretRef:
             name: {{ . }}
+      {{- end }}
+      {{- if ne $workload "serve" }}
+      {{- /* `ray start` (the container's first process) does not pass SIGTERM on to job drivers (trainer.prestop). */}}
+      lifecycle:
+        preStop:
+          exec:
+            command: ["python", "-m", "trainer.prestop", "--address", "http://127.0.0.1:{{ $v.ray.ports.dashboard }}",
+                      "--timeout-s", "{{ add $v.head.jobStopWaitSeconds 5 }}"]
       {{- end }}
       securityContext:
         {{- toYaml $v.containerSecurityContext | nindent 8 }}

@@ -227,7 +227,7 @@ kuberay() {
   kc_wait 60 --for condition=Established crd/rayclusters.ray.io crd/rayjobs.ray.io crd/rayservices.ray.io ||
     die "the KubeRay CRDs were not Established in 60s"
   if [[ ! -s "${src}/rbac/role.yaml" ]]; then  # the ClusterRole ships in the module next to the CRDs
-    local mod; mod="$(go mod download -json "github.com/ray-project/kuberay/ray-operator@v$(cat "${src}/VERSION")" |
+    local mod; mod="$(GOMODCACHE="${RLP_CACHE:-${HOME}/.cache/rl-platform}/go/mod" go mod download -json "github.com/ray-project/kuberay/ray-operator@v$(cat "${src}/VERSION")" |
       sed -n 's/^[[:space:]]*"Dir": "\(.*\)",\{0,1\}$/\1/p')"
     mkdir -p "${src}/rbac.tmp"; cp "${mod}/config/rbac/role.yaml" "${src}/rbac.tmp/"; chmod -R u+w "${src}/rbac.tmp"
     mv "${src}/rbac.tmp" "${src}/rbac"

@@ -76,6 +76,12 @@ PYTHON="${PYTHON:-${ROOT}/.venv/bin/python}"
 
 # The Go toolchain's usual home, for shells whose PATH lacks it (e.g. a CI runner's).
 command -v go >/dev/null 2>&1 || { [[ -x /usr/local/go/bin/go ]] && PATH="${PATH}:/usr/local/go/bin"; }
+# Go's module and build caches for these builds are ours (not the user's ~/go and ~/.cache/go-build), and are
+# removed once a run has built everything it was asked for (prune_go_caches): the binaries are cached by version
+# above, while the caches reach ~12 GB (Kubernetes, Helm, Prometheus sources and objects) that a machine running the
+# cluster tier needs for images. A version bump downloads and builds afresh. RLP_KEEP_GO_CACHE=1 keeps them.
+GO_CACHE_ROOT="${RLP_CACHE:-${HOME}/.cache/rl-platform}/go"
+export GOMODCACHE="${GO_CACHE_ROOT}/mod" GOCACHE="${GO_CACHE_ROOT}/build"
 
 log() { printf '[tools] %s\n' "$*" >&2; }
 need() { command -v "$1" >/dev/null 2>&1 || { echo "tools.sh: '$1' is required ($2)" >&2; exit 2; }; }
@@ -486,12 +492,21 @@ EOF
 
 timed() { local s=$SECONDS; "$@"; log "$1 done in $((SECONDS - s))s"; }
 
+prune_go_caches() {
+  [[ "${RLP_KEEP_GO_CACHE:-0}" != 1 && -d "${GO_CACHE_ROOT}" ]] || return 0
+  local size; size="$(du -sh "${GO_CACHE_ROOT}" 2>/dev/null | cut -f1)"
+  go clean -cache -modcache 2>/dev/null || true
+  chmod -R u+w "${GO_CACHE_ROOT}" 2>/dev/null || true
+  rm -rf "${GO_CACHE_ROOT}"
+  log "removed Go's caches of these builds (${size}; RLP_KEEP_GO_CACHE=1 keeps them)"
+}
+
 main() {
   case "${1:-all}" in
     all)
       timed build_kubeconform; timed fetch_k8s_schemas; timed fetch_kuberay; timed fetch_prometheus_operator
       timed build_helm; timed build_helm_unittest; timed build_pod_security_check; timed fetch_promtool
-      timed fetch_prometheus ;;
+      timed fetch_prometheus; prune_go_caches ;;
     helm) build_helm ;;
     kubeconform) build_kubeconform ;;
     helm-unittest) build_helm_unittest ;;
@@ -509,7 +524,7 @@ main() {
     coredns) build_coredns ;;
     pause) build_pause ;;
     prometheus-k8s) build_prometheus_k8s ;;
-    cluster) timed cluster_tools ;;
+    cluster) timed cluster_tools; prune_go_caches ;;
     env) print_env ;;
     *) echo "usage: $0 [all|helm|kubeconform|helm-unittest|kind|k8s-schemas|kuberay|kuberay-operator-binary|prometheus-operator|promtool|prometheus|pod-security-check|kubernetes|etcd|kwok|coredns|pause|cluster|prometheus-k8s|env]" >&2; exit 2 ;;
   esac

@@ -23,6 +23,23 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def free_ports(n: int, avoid: tuple[int, ...] = ()) -> list[int]:
+    """`n` distinct TCP ports free on 127.0.0.1, none in `avoid` (ports handed out earlier, not yet bound by their
+    server): all bound at once, so the kernel cannot hand one out twice as separate free_port() calls may."""
+    import socket
+
+    socks: list[socket.socket] = []
+    try:
+        while len([s for s in socks if s.getsockname()[1] not in avoid]) < n:
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks if s.getsockname()[1] not in avoid][:n]
+    finally:
+        for s in socks:
+            s.close()
+
+
 def stop_process(proc: subprocess.Popen, sig: int, timeout_s: float = 30) -> int | None:
     """Send `sig` (the process's own clean-stop signal), wait `timeout_s`, then SIGKILL; returns the exit code."""
     if proc.poll() is None:
@@ -93,18 +110,19 @@ class RayHead:
     """`ray start --head --block` on 127.0.0.1 with every port ephemeral, in its own process group (stopped by
     signalling that group: never `ray stop`, which would stop every Ray on the machine)."""
 
-    def __init__(self, temp_dir: str, env: dict[str, str]):
-        self.gcs, self.metrics_port, self.dashboard_port = free_port(), free_port(), free_port()
+    def __init__(self, temp_dir: str, env: dict[str, str], avoid: tuple[int, ...] = ()):
+        (self.gcs, self.metrics_port, self.dashboard_port, agent, agent_grpc, runtime_env, client, node_manager,
+         object_manager) = free_ports(9, avoid)
         self.address = f"127.0.0.1:{self.gcs}"
         Path(temp_dir).mkdir(parents=True, exist_ok=True)
         self.log = open(Path(temp_dir).parent / "ray-head.log", "w")
         cmd = [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block",
                "--node-ip-address=127.0.0.1", f"--port={self.gcs}", f"--temp-dir={temp_dir}",
                f"--metrics-export-port={self.metrics_port}", "--dashboard-host=127.0.0.1",
-               f"--dashboard-port={self.dashboard_port}", f"--dashboard-agent-listen-port={free_port()}",
-               f"--dashboard-agent-grpc-port={free_port()}", f"--runtime-env-agent-port={free_port()}",
-               f"--ray-client-server-port={free_port()}", f"--node-manager-port={free_port()}",
-               f"--object-manager-port={free_port()}", "--num-cpus=3", "--disable-usage-stats"]
+               f"--dashboard-port={self.dashboard_port}", f"--dashboard-agent-listen-port={agent}",
+               f"--dashboard-agent-grpc-port={agent_grpc}", f"--runtime-env-agent-port={runtime_env}",
+               f"--ray-client-server-port={client}", f"--node-manager-port={node_manager}",
+               f"--object-manager-port={object_manager}", "--num-cpus=3", "--disable-usage-stats"]
         self.proc = subprocess.Popen(cmd, env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
 
     def wait_metrics(self, name: str, timeout_s: float) -> None:

@@ -34,8 +34,8 @@ sys.path.insert(0, str(ROOT / "hack"))
 
 import promconfig  # noqa: E402
 from chartkit import Tools, tool_env  # noqa: E402
-from promkit import Prometheus, dashboard_queries, free_port, resolve_variables, rule_queries  # noqa: E402
-from trainer_helpers import RayHead, stop_process  # noqa: E402
+from promkit import Prometheus, dashboard_queries, resolve_variables, rule_queries  # noqa: E402
+from trainer_helpers import RayHead, free_ports, stop_process  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.monitoring]
 REPORT = ROOT / "bench" / "results" / "monitoring_live.json"
@@ -168,18 +168,17 @@ def live(tmp_path_factory):
     rules = promconfig.rule_groups(docs)
     rules_path.write_text(yaml.safe_dump(rules, sort_keys=False))
 
-    prom_port, serve_port = free_port(), free_port()
+    prom_port, serve_port, as_port, dash_port, proxy_port = ports = free_ports(5)
     # The head's env: the Ray dashboard's metrics view asks RAY_PROMETHEUS_HOST; direct ingress needs its ports
     # set before Ray starts (serving.launch.ingress_env).
     # The autoscaler and the dashboard export their own metrics (Ray's defaults 44217/44227 would clash with any
     # other Ray on this machine).
-    as_port, dash_port = free_port(), free_port()
     # Workers push their metrics to the node's agent every 2 s instead of Ray's 10 s, so a short run is seen.
     head_env = _env(RAY_PROMETHEUS_HOST=f"http://127.0.0.1:{prom_port}", AUTOSCALER_METRIC_PORT=str(as_port),
                     RAY_metrics_report_interval_ms="2000",
                     DASHBOARD_METRIC_PORT=str(dash_port), **launch.ingress_env("direct", serve_port))
     t0 = time.time()
-    head = RayHead(str(work / "ray"), head_env)
+    head = RayHead(str(work / "ray"), head_env, avoid=tuple(ports))
     procs: list[subprocess.Popen] = []
     prom = None
     stop = threading.Event()
@@ -193,7 +192,7 @@ def live(tmp_path_factory):
         serve_log = open(work / "serve.log", "w")
         serve = subprocess.Popen(
             [sys.executable, "-m", "serving", "--address", head.address, "--config", str(work / "serve_config.yaml"),
-             "--port", str(serve_port), "--proxy-port", str(free_port())],
+             "--port", str(serve_port), "--proxy-port", str(proxy_port)],
             cwd=ROOT, env=head_env, stdout=subprocess.PIPE, stderr=serve_log, text=True)
         procs.append(serve)
         for line in serve.stdout:

@@ -24,7 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "hack"))
 import promconfig  # noqa: E402
-from trainer_helpers import free_port, stop_process  # noqa: E402,F401 - free_port re-exported for the monitoring tests
+from trainer_helpers import free_port, free_ports, stop_process  # noqa: E402,F401 - re-exported for the monitoring tests
 
 # Grafana's interval variables. $__rate_interval is max(4 x scrape interval, step + scrape interval) in Grafana;
 # the live test scrapes every 2 s and queries with a 5 s step, so 20 s holds at least 4 samples of a series.

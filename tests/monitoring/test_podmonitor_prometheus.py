@@ -27,7 +27,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(ROOT / "tests" / "chart"))
 
 from chartkit import Tools, missing, tool_env  # noqa: E402
-from promkit import free_port, podmonitor_config, start_podmonitor_prometheus  # noqa: E402
+from promkit import free_port, free_ports, podmonitor_config, start_podmonitor_prometheus  # noqa: E402
 from trainer_helpers import stop_process  # noqa: E402
 
 pytestmark = [pytest.mark.monitoring, pytest.mark.chart]  # chart: helm renders the PodMonitors
@@ -65,7 +65,7 @@ class ApiServer:
 
     def __init__(self, k8s_bin: str, etcd: str, work: Path):
         work.mkdir(parents=True, exist_ok=True)
-        client_port, peer_port, self.port = free_port(), free_port(), free_port()
+        client_port, peer_port, self.port = free_ports(3)
         subprocess.run(["openssl", "genrsa", "-out", str(work / "sa.key"), "2048"], check=True, capture_output=True)
         subprocess.run(["openssl", "rsa", "-in", str(work / "sa.key"), "-pubout", "-out", str(work / "sa.pub")],
                        check=True, capture_output=True)

@@ -19,7 +19,7 @@ import time
 import pytest
 
 from listeners import grpc_code, listeners, ray_token, token_guarded
-from trainer_helpers import REPO, free_port, short_tmp, stop_process, trainer_cmd, trainer_env
+from trainer_helpers import REPO, free_ports, short_tmp, stop_process, trainer_cmd, trainer_env
 
 
 
@@ -73,9 +73,9 @@ def test_make_serve_exposes_nothing_unauthenticated(tmp_path):
     from make_checkpoint import make_module_checkpoint
 
     ckpt = make_module_checkpoint(tmp_path / "ckpt", "cartpole")
-    port = free_port()
+    port, proxy_port, metrics_port = free_ports(3)
     cmd = [sys.executable, "-m", "serving", "--checkpoint", str(ckpt), "--port", str(port),
-           "--proxy-port", str(free_port()), "--metrics-port", str(free_port()), "--temp-dir", short_tmp("rlsec"),
+           "--proxy-port", str(proxy_port), "--metrics-port", str(metrics_port), "--temp-dir", short_tmp("rlsec"),
            "--num-cpus", "2"]
     proc, _ = _start(cmd, '"event": "ready"', 300)
     try:

@@ -31,7 +31,7 @@ from make_checkpoint import make_module_checkpoint  # noqa: E402
 
 from rl_checkpoint import resolve  # noqa: E402
 from serving import launch  # noqa: E402
-from trainer_helpers import free_port, stop_process  # noqa: E402
+from trainer_helpers import free_port, free_ports, stop_process  # noqa: E402
 
 
 def subprocess_env() -> dict[str, str]:
@@ -103,7 +103,7 @@ class ServerProcess:
         self.workdir = workdir
         # Where replicas download remote checkpoints (inspected by the URI tests).
         self.checkpoint_cache = workdir / "checkpoint_cache"
-        self.port, self.metrics_port = free_port(), free_port()
+        self.port, self.metrics_port, proxy_port = free_ports(3)
         self.base = f"http://127.0.0.1:{self.port}"
         self.metrics_url = f"http://127.0.0.1:{self.metrics_port}/metrics"
         self.config_path = workdir / "serve_config.yaml"
@@ -114,7 +114,7 @@ class ServerProcess:
         self.log_path = workdir / "server.log"
         self._log = open(self.log_path, "w")
         cmd = [sys.executable, "-m", "serving", "--config", str(self.config_path), "--port", str(self.port),
-               "--proxy-port", str(free_port()), "--metrics-port", str(self.metrics_port),
+               "--proxy-port", str(proxy_port), "--metrics-port", str(self.metrics_port),
                "--temp-dir", str(workdir / "ray"), "--num-cpus", "2", *extra_args]
         env = {**subprocess_env(), "RL_PLATFORM_CHECKPOINT_CACHE": str(self.checkpoint_cache)}
         self.proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=self._log, text=True)

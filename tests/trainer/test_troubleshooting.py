@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from trainer_helpers import REPO, free_port, short_tmp
+from trainer_helpers import REPO, free_ports, short_tmp
 
 pytestmark = pytest.mark.slow
 
@@ -46,12 +46,12 @@ def section_commands() -> list[str]:
 def ray_head():
     cmds = section_commands()
     (start,) = [c for c in cmds if c.startswith("ray start")]
-    tmp, port = short_tmp("rts"), free_port()
+    tmp, (port, dash_port, client_port) = short_tmp("rts"), free_ports(3)
     env = dict(os.environ, RAY_TMP=tmp, PATH=f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}")
     env.pop("RAY_ADDRESS", None)
     head = subprocess.Popen(
         ["bash", "-c", f"exec {start} --block --port {port} --node-ip-address 127.0.0.1 "
-                       f"--dashboard-port {free_port()} --ray-client-server-port {free_port()} --disable-usage-stats"],
+                       f"--dashboard-port {dash_port} --ray-client-server-port {client_port} --disable-usage-stats"],
         env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     env["RAY_ADDRESS"] = f"127.0.0.1:{port}"
     try:

@@ -126,7 +126,8 @@ class PolicyServer:
         Requests keep being served by the old modules while new ones load. A replica that already serves
         must not raise here: Serve stops a replica whose reconfigure fails, which would turn a bad checkpoint
         into an outage. So once serving, a config or checkpoint that cannot be applied leaves the previous
-        policy in place and is reported instead (GET /v1/policies[/name] `reload_error`, /readyz `errors`,
+        policy in place (a policy the reload adds is left out: 404 with `detail.reload_error`) and is reported
+        instead (GET /v1/policies[/name] `reload_error`, /readyz `errors`,
         `ray_rl_serve_policy_reloads_total{result="error"}`, the replica log). The first configuration has
         nothing to fall back to, so its errors are raised and fail the deployment with a readable message.
         """
@@ -166,10 +167,12 @@ class PolicyServer:
                 except CheckpointError as e:
                     self._metrics.reload(name, ok=False)
                     logger.error("policy %r: %s", name, e)
-                    if first or cur is None:
+                    if first:
                         raise CheckpointError(f"policy {name!r}: {e}") from None
                     errors[name] = {"checkpoint": redact(ckpt), "error": str(e), "at": time.time()}
-                    new[name] = cur  # keep serving the previous checkpoint
+                    if cur is not None:
+                        new[name] = cur  # keep serving the previous checkpoint
+                    # else: a policy this reload adds is not served; the others are (raising would stop them)
                     continue
                 if cur is not None:
                     pol.carry_sessions_from(cur)
@@ -241,6 +244,10 @@ class PolicyServer:
                 endpoint = "act" if sub == "/act" else "act_batch" if sub == "/act_batch" else \
                     "session" if sub.startswith("/sessions/") else "policy"
                 if pol is None:
+                    failed = self._reload_errors.get(name)
+                    if failed is not None:  # configured by the last reload, but its checkpoint did not load
+                        msg = f"policy {name!r} is not served, its checkpoint did not load: {failed['error']}"
+                        raise ApiError(404, "unknown_policy", msg, {"reload_error": failed})
                     raise ApiError(404, "unknown_policy", f"no policy named {name!r}; serving: {sorted(self._policies)}")
                 policy = name
                 if endpoint == "act":

@@ -166,3 +166,58 @@ def test_checkpoint_that_passes_the_layout_check_but_cannot_load_is_reported(ser
     server.reload(good)  # a good config clears the error
     r = requests.get(server.base + "/readyz", timeout=10)
     assert r.status_code == 200 and "errors" not in r.json(), r.text
+
+
+def test_new_policy_whose_checkpoint_cannot_load_leaves_the_others_serving(server, serving_workdir,
+                                                                          cartpole_v2_checkpoint):
+    """A reload that adds a policy whose checkpoint passes the layout check but cannot load: the replica keeps
+    serving the others (no restart, no failed request), the new name answers 404 with the load error, /readyz
+    lists it, and the launcher reports the failure."""
+    good = dict(server.policies)
+    corrupt = serving_workdir / "corrupt_new_policy"
+    shutil.copytree(cartpole_v2_checkpoint, corrupt, dirs_exist_ok=True)
+    (corrupt / "module_state.pkl").write_bytes(b"not a pickle")
+    seen: list[int | str] = []
+    stop = threading.Event()
+
+    def hammer():
+        s = requests.Session()
+        while not stop.is_set():
+            try:
+                seen.append(s.post(server.base + "/v1/policies/default/act",
+                                   json={"observation": [0.0, 0.0, 0.0, 0.0]}, timeout=30).status_code)
+            except requests.RequestException as e:  # a refused/reset connection: the replica went down
+                seen.append(f"{type(e).__name__}: {e}")
+
+    t = threading.Thread(target=hammer, daemon=True)
+    t.start()
+    try:
+        server.write_config({**good, "extra": str(corrupt)})  # check_paths: the launcher's layout check passes
+        server.proc.send_signal(signal.SIGHUP)
+        ev = server.wait_event("reload_failed", 180)
+        n_at_event = len(seen)
+        deadline = time.monotonic() + 30
+        while len(seen) < n_at_event + 5 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        stop.set()
+        t.join(timeout=60)
+    failed = [s for s in seen if s != 200]
+    assert not failed, f"{len(failed)} of {len(seen)} requests to the other policy failed: {failed[:5]}"
+    assert len(seen) >= n_at_event + 5, f"requests stopped: {seen[-5:]}"
+    assert "extra" in ev["error"] and "cannot load RLModule" in ev["error"], \
+        f"the launcher did not report the policy that failed to load: {ev}"
+
+    r = requests.get(server.base + "/v1/policies/extra", timeout=10)
+    assert r.status_code == 404, r.text
+    err = r.json()["error"]
+    assert err["code"] == "unknown_policy" and "cannot load RLModule" in err["message"], err
+    assert err["detail"]["reload_error"]["checkpoint"] == str(corrupt), err
+    r = requests.get(server.base + "/readyz", timeout=10)
+    assert r.status_code == 200, r.text  # the configured policies that load keep the replica ready
+    assert "cannot load RLModule" in r.json().get("errors", {}).get("extra", ""), r.text
+
+    server.reload(good)  # dropping it clears the error
+    r = requests.get(server.base + "/readyz", timeout=10)
+    assert r.status_code == 200 and "errors" not in r.json(), r.text
+    assert "detail" not in requests.get(server.base + "/v1/policies/extra", timeout=10).json()["error"]

@@ -25,7 +25,7 @@ from typing import Any, Mapping
 
 import numpy as np
 from ray import serve
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from rl_checkpoint import redact
@@ -126,7 +126,8 @@ class PolicyServer:
         Requests keep being served by the old modules while new ones load. A replica that already serves
         must not raise here: Serve stops a replica whose reconfigure fails, which would turn a bad checkpoint
         into an outage. So once serving, a config or checkpoint that cannot be applied leaves the previous
-        policy in place and is reported instead (GET /v1/policies[/name] `reload_error`, /readyz `errors`,
+        policy in place (a policy the reload adds is left out: 404 with `detail.reload_error`) and is reported
+        instead (GET /v1/policies[/name] `reload_error`, /readyz `errors`,
         `ray_rl_serve_policy_reloads_total{result="error"}`, the replica log). The first configuration has
         nothing to fall back to, so its errors are raised and fail the deployment with a readable message.
         """
@@ -166,10 +167,12 @@ class PolicyServer:
                 except CheckpointError as e:
                     self._metrics.reload(name, ok=False)
                     logger.error("policy %r: %s", name, e)
-                    if first or cur is None:
+                    if first:
                         raise CheckpointError(f"policy {name!r}: {e}") from None
                     errors[name] = {"checkpoint": redact(ckpt), "error": str(e), "at": time.time()}
-                    new[name] = cur  # keep serving the previous checkpoint
+                    if cur is not None:
+                        new[name] = cur  # keep serving the previous checkpoint
+                    # else: a policy this reload adds is not served; the others are (raising would stop them)
                     continue
                 if cur is not None:
                     pol.carry_sessions_from(cur)
@@ -241,6 +244,10 @@ class PolicyServer:
                 endpoint = "act" if sub == "/act" else "act_batch" if sub == "/act_batch" else \
                     "session" if sub.startswith("/sessions/") else "policy"
                 if pol is None:
+                    failed = self._reload_errors.get(name)
+                    if failed is not None:  # configured by the last reload, but its checkpoint did not load
+                        msg = f"policy {name!r} is not served, its checkpoint did not load: {failed['error']}"
+                        raise ApiError(404, "unknown_policy", msg, {"reload_error": failed})
                     raise ApiError(404, "unknown_policy", f"no policy named {name!r}; serving: {sorted(self._policies)}")
                 policy = name
                 if endpoint == "act":
@@ -285,8 +292,7 @@ class PolicyServer:
             else:
                 raise ApiError(404, "not_found", f"no route {method} {path}; see GET /openapi.json")
         except ApiError as e:
-            headers = {"Allow": e.detail["allow"]} if e.status == 405 and isinstance(e.detail, dict) else None
-            resp = _json_response(e.body(), e.status, headers)
+            resp = _json_response(e.body(), e.status, e.headers)
         except Exception:  # a bug on our side: answer 500 with JSON, log it, keep serving
             logger.exception("policy server: unhandled error on %s %s", request.method, request.scope.get("path"))
             resp = _json_response({"error": {"code": "internal_error", "message": "internal server error"}}, 500)
@@ -296,7 +302,8 @@ class PolicyServer:
     @staticmethod
     def _allow(method: str, allowed: str) -> None:
         if method != allowed and not (allowed == "GET" and method == "HEAD"):
-            raise ApiError(405, "method_not_allowed", f"use {allowed} here, not {method}", {"allow": allowed})
+            raise ApiError(405, "method_not_allowed", f"use {allowed} here, not {method}", {"allow": allowed},
+                           headers={"Allow": allowed})
 
     async def _json_body(self, request: Request) -> dict[str, Any]:
         # A declared non-JSON body (a form post, text/plain) is refused before it is read; no header = JSON assumed.
@@ -305,19 +312,34 @@ class PolicyServer:
             media = ctype.split(";", 1)[0].strip().lower()
             if media != _JSON and not (media.startswith("application/") and media.endswith("+json")):
                 raise ApiError(415, "unsupported_media_type", f"Content-Type {media or ctype!r} is not {_JSON}")
-        limit = self._config.max_body_bytes if self._config else ServerKnobs().max_body_bytes
+        knobs = self._config.server if self._config else ServerKnobs()
+        limit = knobs.max_body_bytes
         cl = request.headers.get("content-length")
         if cl is not None:
-            if not cl.isdigit():
+            # uvicorn (every ingress mode here) refuses a malformed Content-Length itself with a plain-text 400
+            # before this runs (serving/README.md, "Errors"); this check covers servers that pass one through.
+            if not (cl.isascii() and cl.isdigit()):
                 raise bad_request("bad_content_length", f"Content-Length {cl!r} is not a number")
-            if int(cl) > limit:
+            if int(cl) > limit:  # refused before reading: the client need not send it
                 raise ApiError(413, "body_too_large", f"body of {int(cl)} bytes exceeds the limit of {limit} bytes")
         chunks, size = [], 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                raise ApiError(413, "body_too_large", f"body exceeds the limit of {limit} bytes")
-            chunks.append(chunk)
+        try:
+            # The server waits for as many bytes as Content-Length declares; a client that sends fewer and
+            # waits for an answer would hold the request open forever.
+            async with asyncio.timeout(knobs.body_timeout_s):
+                async for chunk in request.stream():
+                    size += len(chunk)
+                    if size > limit:
+                        raise ApiError(413, "body_too_large", f"body exceeds the limit of {limit} bytes")
+                    chunks.append(chunk)
+        except TimeoutError:
+            declared = f" of the {cl} declared by Content-Length" if cl is not None else ""
+            raise ApiError(408, "body_timeout",
+                           f"the body did not arrive within {knobs.body_timeout_s:g}s: got {size} bytes{declared}",
+                           headers={"Connection": "close"}) from None  # the rest of that body must not be parsed
+        except ClientDisconnect:  # gone before the body was complete: no one to answer; counted as 499
+            raise ApiError(499, "client_disconnected",
+                           f"the client closed the connection after {size} bytes of the body") from None
         raw = b"".join(chunks)
         if not raw:
             raise bad_request("empty_body", "expected a JSON object body")

@@ -39,6 +39,7 @@ class ServerKnobs:
     max_batch_size: int = _knob(32, 1, "dynamic batching of concurrent single-observation requests; 1 turns it off")
     batch_wait_timeout_s: float = _knob(0.0, 0, "how long a batch waits to fill")
     max_body_bytes: int = _knob(1 << 20, 1024, "request body size (413 above)")
+    body_timeout_s: float = _knob(30.0, 0.1, "seconds a request body may take to arrive after its headers (408 after)")
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ import re
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 from typing import Any, Mapping
@@ -263,6 +264,10 @@ def wait_serving(base_url: str, cfg: Mapping[str, Any], timeout_s: float, consec
             seen = {n: (p["checkpoint"], p["checkpoint_id"]) for n, p in pols.items()}
             rejected = [f"{n}: {p['reload_error']['error']}" for n, p in pols.items()
                         if p.get("reload_error") and n in want and p["reload_error"]["checkpoint"] == want[n][0]]
+            for n in set(want) - set(pols):  # a policy the reload adds: not served if its checkpoint failed
+                err = _added_policy_error(base_url, n)
+                if err and err.get("checkpoint") == want[n][0]:
+                    rejected.append(f"{n}: {err['error']}")
             if rejected:
                 raise LaunchError("the server kept the previous checkpoint: " + "; ".join(rejected))
             ok = set(pols) == set(want) and all(
@@ -276,6 +281,23 @@ def wait_serving(base_url: str, cfg: Mapping[str, Any], timeout_s: float, consec
             return
         time.sleep(0.1)
     raise LaunchError(f"server did not switch to the configured checkpoints in {timeout_s:.0f}s (serving {seen})")
+
+
+def _added_policy_error(base_url: str, name: str) -> dict[str, Any] | None:
+    """The replica's load error for a policy it does not serve (404 `detail.reload_error`), else None."""
+    try:
+        with urllib.request.urlopen(f"{base_url}/v1/policies/{urllib.parse.quote(name)}", timeout=5):
+            return None
+    except urllib.error.HTTPError as e:
+        if e.code != 404:
+            return None
+        try:
+            detail = json.loads(e.read())["error"].get("detail")
+        except (ValueError, KeyError, TypeError, AttributeError):
+            return None
+        return detail.get("reload_error") if isinstance(detail, dict) else None
+    except (urllib.error.URLError, OSError):
+        return None
 
 
 def _short(message: str) -> str:

@@ -27,9 +27,24 @@ def openapi_document(policy_names: list[str] | None = None) -> dict[str, Any]:
     name_param = {"name": "name", "in": "path", "required": True, "schema": name_schema,
                   "description": "Policy name as configured in user_config.policies."}
     client_errors = {
-        "400": _err("Malformed request: invalid JSON, not an object, missing or unknown field."),
+        "400": {
+            "description": (
+                "Malformed request: invalid JSON, not an object, missing or unknown field (JSON Error). A request "
+                "the HTTP server cannot frame never reaches the policy server and gets the HTTP server's own answer, "
+                "with the connection closed: a Content-Length that is not a plain decimal (letters, sign, empty, "
+                "comma list, beyond 64 bits), two Content-Length headers, Content-Length with Transfer-Encoding, "
+                "or bytes beyond Content-Length. uvicorn (direct and proxy ingress): text/plain "
+                "'Invalid HTTP request received.'; HAProxy (haproxy ingress): its text/html 400 page."
+            ),
+            "content": {"application/json": {"schema": _ERR},
+                        "text/plain": {"schema": {"type": "string", "const": "Invalid HTTP request received."}},
+                        "text/html": {"schema": {"type": "string"}}},
+        },
         "404": _err("Unknown policy."),
-        "413": _err("Body larger than max_body_bytes, or batch larger than max_batch_items."),
+        "408": _err("The body did not arrive within body_timeout_s of the headers (fewer bytes than Content-Length "
+                    "declares); the connection is closed."),
+        "413": _err("Body larger than max_body_bytes (by Content-Length, before the body is read, or while it "
+                    "streams), or batch larger than max_batch_items."),
         "415": _err("Content-Type given and not JSON (application/json or application/*+json); no header: JSON assumed."),
         "422": _err("Observation does not fit the policy's observation space (shape, dtype, NaN/inf, bounds)."),
     }

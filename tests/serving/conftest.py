@@ -186,6 +186,7 @@ def server(s3, serving_workdir, cartpole_checkpoint, trading_checkpoint, pong_ch
         serving_workdir / "server",
         {"default": cartpole_checkpoint, "trading": trading_checkpoint, "pong": pong_checkpoint},
         max_body_bytes=1 << 20, max_batch_items=256,
+        body_timeout_s=3,  # the 408 test waits this long (default 30)
     )
     yield srv
     rc = srv.stop()

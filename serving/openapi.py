@@ -33,12 +33,10 @@ def openapi_document(policy_names: list[str] | None = None) -> dict[str, Any]:
                 "the HTTP server cannot frame never reaches the policy server and gets the HTTP server's own answer, "
                 "with the connection closed: a Content-Length that is not a plain decimal (letters, sign, empty, "
                 "comma list, beyond 64 bits), two Content-Length headers, Content-Length with Transfer-Encoding, "
-                "or bytes beyond Content-Length. uvicorn (direct and proxy ingress): text/plain "
-                "'Invalid HTTP request received.'; HAProxy (haproxy ingress): its text/html 400 page."
+                "or bytes beyond Content-Length: uvicorn's text/plain 'Invalid HTTP request received.'."
             ),
             "content": {"application/json": {"schema": _ERR},
-                        "text/plain": {"schema": {"type": "string", "const": "Invalid HTTP request received."}},
-                        "text/html": {"schema": {"type": "string"}}},
+                        "text/plain": {"schema": {"type": "string", "const": "Invalid HTTP request received."}}},
         },
         "404": _err("Unknown policy."),
         "408": _err("The body did not arrive within body_timeout_s of the headers (fewer bytes than Content-Length "

@@ -48,8 +48,11 @@ def rl_submit(c: Cluster, *args: str, kubeconfig: str | None = None, timeout: fl
 
 def popen(c: Cluster, *args: str) -> subprocess.Popen:
     cmd = [str(RL_SUBMIT)] if RL_SUBMIT.exists() else [str(ROOT / ".venv" / "bin" / "python"), "-m", "trainer.submit"]
+    # SIGINT as in a terminal: a runner that starts the suite in the background (`cmd &`) hands its children SIGINT
+    # ignored, and Python then installs no KeyboardInterrupt handler (Ctrl-C would do nothing).
     return subprocess.Popen(cmd + list(args), cwd=ROOT, env={**os.environ, **c.env}, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 def _stderr_until(proc: subprocess.Popen, pred, timeout: float) -> str:

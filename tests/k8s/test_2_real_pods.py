@@ -102,6 +102,52 @@ def test_cartpole_rayjob_succeeds_and_writes_its_checkpoint(real: Cluster):
     real.delete_ray("rayjobs", name)
 
 
+def _preempt_job() -> str:
+    """k8s/values/cartpole.yaml as a long run (no stop by return) named `preempt`, retried once (backoffLimit 1)."""
+    values = ROOT / "k8s" / "values" / "cartpole.yaml"
+    overrides = yaml.safe_load(values.read_text())["rayJob"]["overrides"] + [
+        "stop.iterations=30", "stop.episode_return_mean=null", "checkpoint.every_n_iterations=0",
+        "algo.train_batch_size=500", "algo.minibatch_size=125", "algo.num_epochs=1"]
+    return sh(helm_path(), "template", "rl-platform", str(ROOT / "charts" / "rl-platform"), "--namespace", NAMESPACE,
+              "-f", str(values), "--set", "rayJob.name=preempt", "--set", "rayJob.backoffLimit=1",
+              "--set", "rayJob.outputDir=/mnt/rl-platform/results/preempt",
+              "--set-json", f"rayJob.overrides={json.dumps(overrides)}", "--show-only", "templates/rayjob.yaml").stdout
+
+
+def _submitter_logs(c: Cluster, name: str) -> str:
+    return "".join(c.kubectl("-n", NAMESPACE, "logs", p.metadata.name, check=False).stdout
+                   for p in c.pods(f"job-name={name}"))
+
+
+def test_deleting_the_head_pod_checkpoints_and_the_retry_resumes(real: Cluster):
+    """Preemption of the head (kubectl delete pod = eviction, node drain): the chart's preStop hook stops the job
+    through Ray's job API, the trainer checkpoints on SIGTERM, and the RayJob's retry resumes from that checkpoint
+    (no periodic checkpoints in this run: every checkpoint it has comes from the signal or the end)."""
+    manifest = _preempt_job()
+    name = yaml.safe_load(manifest)["metadata"]["name"]
+    out = HOST_STORAGE / "results" / "preempt"
+    sh("rm", "-rf", str(out))
+    t0 = time.monotonic()
+    real.kubectl("-n", NAMESPACE, "apply", "-f", "-", input=manifest)
+    wait_until("the preempt job to train", lambda: "| env steps" in _submitter_logs(real, name), 600, interval=3)
+    rc = real.ray("rayjobs", name)["status"]["rayClusterName"]
+    (head,) = [p for p in real.pods(f"ray.io/cluster={rc},ray.io/node-type=head") if p.metadata.deletion_timestamp is None]
+    t_delete = time.monotonic()
+    real.kubectl("-n", NAMESPACE, "delete", "pod", head.metadata.name, "--wait=true", timeout=120)
+    real.figures["level_b_head_delete_to_gone_s"] = round(time.monotonic() - t_delete, 1)
+    state = json.loads((out / "state.json").read_text())
+    assert state["latest_checkpoint"], state  # written by the SIGTERM, before the pod went
+    first = state["latest_checkpoint"]
+    assert resolve(str(out / first)).metadata is not None
+    st = _wait_job(real, name)
+    real.figures["level_b_preempted_job_apply_to_succeeded_s"] = round(time.monotonic() - t0, 1)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["resumed_from"] == f"/mnt/rl-platform/results/preempt/{first}", (summary, first)
+    assert summary["iterations"] == 30, summary
+    print(f"\npreempted RayJob status: {dump(st)}")
+    real.delete_ray("rayjobs", name)
+
+
 def _pong_cpu_job() -> str:
     """k8s/values/pong-cpu.yaml rendered with a 2-iteration, small-batch override (the documented CPU-learner Pong)."""
     values = ROOT / "k8s" / "values" / "pong-cpu.yaml"
@@ -164,7 +210,10 @@ def test_rayservice_answers_through_its_service_from_host_and_pod(real: Cluster)
     def serving():
         svc = real.core.read_namespaced_service(svc_name, NAMESPACE)
         ip = svc.spec.cluster_ip
-        r = requests.post(f"http://{ip}:8000/v1/policies/default/act", json=_pong_frame_request(), timeout=10)
+        try:  # refused while the Service has no ready endpoint yet (kube-proxy rejects), or between two of them
+            r = requests.post(f"http://{ip}:8000/v1/policies/default/act", json=_pong_frame_request(), timeout=10)
+        except requests.ConnectionError:
+            return None
         return (ip, r) if r.status_code == 200 else None
 
     try:

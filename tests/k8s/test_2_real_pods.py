@@ -208,12 +208,7 @@ def test_rayservice_answers_through_its_service_from_host_and_pod(real: Cluster)
     svc_name = f"{name}-serve-svc"
 
     def serving():
-        try:
-            ip = real.core.read_namespaced_service(svc_name, NAMESPACE).spec.cluster_ip
-        except client.ApiException as e:  # KubeRay creates the serve Service once the app is up
-            if e.status == 404:
-                return None
-            raise
+        ip = real.core.read_namespaced_service(svc_name, NAMESPACE).spec.cluster_ip  # 404 until KubeRay makes it
         try:  # refused while the Service has no ready endpoint yet (kube-proxy rejects), or between two of them
             r = requests.post(f"http://{ip}:8000/v1/policies/default/act", json=_pong_frame_request(), timeout=10)
         except requests.ConnectionError:

@@ -386,6 +386,11 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.
 
 [plugins."io.containerd.runtime.v1.linux"]
   runtime_root = "${RUNC_ROOT}"
+
+# Collect garbage after every deletion (the default waits for 100 mutations): the layer blobs discard_layers drops
+# and a replaced build's snapshots leave the disk at once.
+[plugins."io.containerd.gc.v1.scheduler"]
+  deletion_threshold = 1
 EOF
 }
 up_containerd() {
@@ -534,11 +539,11 @@ up_images() {
       want="$(docker image inspect -f '{{.Id}}' "${img}")"
     fi
     if [[ "${have}" == "${want}" ]]; then notes+=("${img} present ${want:7:12}"); continue; fi
-    # An older build under the same name: drop it first (--sync: its snapshots and blobs are collected now), so
-    # the store never holds two versions of one image.
+    # An older build under the same name: drop it first, by its name and by the ID name the CRI gives every image
+    # (--sync: its snapshots and blobs are collected now), so the store never holds two versions of one image.
     if [[ -n "${have}" ]]; then
       log "replacing ${img} ${have:7:12} in containerd by ${want:7:12}"
-      ctr_ images rm --sync "${ref}" >/dev/null
+      ctr_ images rm --sync "${ref}" "${have}" >/dev/null
     fi
     local size free need_b
     size="$(docker image inspect -f '{{.Size}}' "${img}")"

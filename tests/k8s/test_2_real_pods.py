@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 import yaml
 from kubernetes import client
 
-from rl_checkpoint import FINAL, checkpoint_rel, resolve
+from rl_checkpoint import FINAL, checkpoint_rel, iter_name, resolve
 from kubekit import NAMESPACE, ROOT, Cluster, first_doc, helm_path, all_scheduled, dump, sh, wait_until
 
 # Where the chart's shared storage lives on the host (hack/deploy-cluster.sh; kind mounts it into its nodes).
@@ -102,12 +102,16 @@ def test_cartpole_rayjob_succeeds_and_writes_its_checkpoint(real: Cluster):
     real.delete_ray("rayjobs", name)
 
 
+PREEMPT_STEPS = 100_000
+
+
 def _preempt_job() -> str:
-    """k8s/values/cartpole.yaml as a long run (no stop by return) named `preempt`, retried once (backoffLimit 1)."""
+    """k8s/values/cartpole.yaml as a run of PREEMPT_STEPS env steps (counted over resumes; no stop by return, no
+    periodic checkpoints) named `preempt`, retried once (backoffLimit 1)."""
     values = ROOT / "k8s" / "values" / "cartpole.yaml"
     overrides = yaml.safe_load(values.read_text())["rayJob"]["overrides"] + [
-        "stop.iterations=30", "stop.episode_return_mean=null", "checkpoint.every_n_iterations=0",
-        "algo.train_batch_size=500", "algo.minibatch_size=125", "algo.num_epochs=1"]
+        f"stop.env_steps={PREEMPT_STEPS}", "stop.episode_return_mean=null", "checkpoint.every_n_iterations=0",
+        "algo.train_batch_size=1000", "algo.minibatch_size=250", "algo.num_epochs=1"]
     return sh(helm_path(), "template", "rl-platform", str(ROOT / "charts" / "rl-platform"), "--namespace", NAMESPACE,
               "-f", str(values), "--set", "rayJob.name=preempt", "--set", "rayJob.backoffLimit=1",
               "--set", "rayJob.outputDir=/mnt/rl-platform/results/preempt",
@@ -135,16 +139,21 @@ def test_deleting_the_head_pod_checkpoints_and_the_retry_resumes(real: Cluster):
     t_delete = time.monotonic()
     real.kubectl("-n", NAMESPACE, "delete", "pod", head.metadata.name, "--wait=true", timeout=120)
     real.figures["level_b_head_delete_to_gone_s"] = round(time.monotonic() - t_delete, 1)
+    # Written by the SIGTERM before the pod went: with every_n_iterations=0 only a signal writes an iteration
+    # checkpoint, and the run was not done.
     state = json.loads((out / "state.json").read_text())
-    assert state["latest_checkpoint"], state  # written by the SIGTERM, before the pod went
     first = state["latest_checkpoint"]
-    assert resolve(str(out / first)).metadata is not None
+    assert first == checkpoint_rel(iter_name(state["iteration"])), state
+    meta = resolve(str(out / first)).metadata
+    assert meta is not None and meta.env_steps < PREEMPT_STEPS, meta
+    assert not (out / "summary.json").exists()
     st = _wait_job(real, name)
     real.figures["level_b_preempted_job_apply_to_succeeded_s"] = round(time.monotonic() - t0, 1)
     summary = json.loads((out / "summary.json").read_text())
+    # The retry went on from that checkpoint to the run's end, not from scratch.
     assert summary["resumed_from"] == f"/mnt/rl-platform/results/preempt/{first}", (summary, first)
-    assert summary["iterations"] == 30, summary
-    print(f"\npreempted RayJob status: {dump(st)}")
+    assert summary["env_steps"] >= PREEMPT_STEPS and summary["iterations"] > meta.iteration, summary
+    print(f"\npreempted at iteration {meta.iteration}; RayJob status: {dump(st)}")
     real.delete_ray("rayjobs", name)
 
 

@@ -130,6 +130,8 @@ def test_deleting_the_head_pod_checkpoints_and_the_retry_resumes(real: Cluster):
     manifest = _preempt_job()
     name = yaml.safe_load(manifest)["metadata"]["name"]
     out = HOST_STORAGE / "results" / "preempt"
+    real.delete_ray("rayjobs", name)  # a leftover of an earlier run (its submitter's logs would match at once)
+    wait_until("the old submitter pods to go", lambda: not real.pods(f"job-name={name}"), 120)
     sh("rm", "-rf", str(out))
     t0 = time.monotonic()
     real.kubectl("-n", NAMESPACE, "apply", "-f", "-", input=manifest)

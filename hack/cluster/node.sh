@@ -119,6 +119,12 @@ alive() { # alive NAME: the process of ${PIDS}/NAME.pid runs (not a zombie) and 
   [[ "$(cat "/proc/${pid}/comm" 2>/dev/null)" == "$(comm_of "$1")" ]]
 }
 comm_of() { case "$1" in kube-proxy) echo kube-proxy ;; *) echo "$1" ;; esac; }
+starting_or_alive() { # alive, or still on its way through start_daemon's `setsid nohup` exec chain
+  local pid comm; pid="$(pid_of "$1")"
+  [[ -n "${pid}" && -r "/proc/${pid}/stat" && "$(awk '{print $3}' "/proc/${pid}/stat" 2>/dev/null)" != Z ]] || return 1
+  comm="$(cat "/proc/${pid}/comm" 2>/dev/null)"
+  [[ "${comm}" == "$(comm_of "$1")" || "${comm}" == setsid || "${comm}" == nohup || "${comm}" == bash ]]
+}
 start_daemon() { # start_daemon NAME CMD...: setsid/nohup, pid in ${PIDS}/NAME.pid, log in ${LOGS}/NAME.log
   local name="$1"; shift
   mkdir -p "${PIDS}" "${LOGS}"
@@ -162,7 +168,7 @@ wait_for() { # wait_for WHAT SECONDS NAME CMD...: until CMD succeeds; dies (log 
   local what="$1" secs="$2" name="$3"; shift 3
   local deadline=$((SECONDS + secs))
   until "$@" >/dev/null 2>&1; do
-    if ! alive "${name}"; then
+    if ! starting_or_alive "${name}"; then
       tail -n 25 "${LOGS}/${name}.log" >&2 || true
       die "${name} exited while waiting for ${what} (log: ${LOGS}/${name}.log)"
     fi

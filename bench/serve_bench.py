@@ -48,6 +48,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def stop_server(server: subprocess.Popen) -> None:
+    """`python -m serving` stops cleanly on SIGINT (Serve shut down, Ray stopped); SIGKILL after 60 s."""
+    server.send_signal(signal.SIGINT)
+    try:
+        server.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        server.kill()
+
+
 def wait_ready(server: subprocess.Popen, log_path: Path, timeout_s: float = 240) -> None:
     """Read `python -m serving`'s stdout until its `{"event": "ready", ...}` line (it exits or times out otherwise)."""
     deadline = time.monotonic() + timeout_s
@@ -329,11 +338,7 @@ def main(argv: list[str] | None = None) -> int:
         if bare is not None:
             bare.terminate()
             bare.wait(timeout=30)
-        server.send_signal(signal.SIGINT)
-        try:
-            server.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            server.kill()
+        stop_server(server)
         log.close()
 
     med = statistics.median

@@ -18,7 +18,6 @@ import json
 import os
 import platform
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -32,7 +31,7 @@ import psutil
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "bench"))
 
-from serve_bench import Conn, build_request, ensure_checkpoint, free_port, pct, wait_ready  # noqa: E402
+from serve_bench import Conn, build_request, ensure_checkpoint, free_port, pct, stop_server, wait_ready  # noqa: E402
 
 TITLES = ("ray::ServeReplica", "ray::ProxyActor", "ray::ServeController")
 
@@ -144,11 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         sampler.join()
     finally:
         stop.set()
-        server.send_signal(signal.SIGINT)
-        try:
-            server.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            server.kill()
+        stop_server(server)
         log.close()
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)

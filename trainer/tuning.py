@@ -106,18 +106,17 @@ def run_tune(cfg, build_algo_config, storage: Storage, log):
             ),
         )
     if STOP.requested:  # a signal before Tune could take it: nothing of this run to save
-        raise Stopped(STOP.requested, None, saved=False, experiment=exp_path if tune.Tuner.can_restore(exp_path) else None)
+        saved = exp_path if tune.Tuner.can_restore(exp_path) else None
+        raise Stopped(STOP.requested, None, saved=False, experiment=saved)
     results = tuner.fit()
     if STOP.requested:  # trainer.signals: Tune was interrupted and saved its state; a rerun restores it
-        latest = [r.checkpoint for r in results if r.checkpoint is not None]
-        best = None
-        try:
-            best = results.get_best_result(metric=metric, mode=mode, filter_nan_and_inf=True).checkpoint
-        except RuntimeError:
+        ckpts = [r.checkpoint for r in results]
+        try:  # the best trial's checkpoint first, else any trial's
+            ckpts.insert(0, results.get_best_result(metric=metric, mode=mode, filter_nan_and_inf=True).checkpoint)
+        except RuntimeError:  # no trial reported the metric yet
             pass
-        best = best or (latest[0] if latest else None)
-        raise Stopped(STOP.requested, _checkpoint_uri(storage, best) if best else None, saved=False,
-                      experiment=exp_path)
+        best = next((c for c in ckpts if c is not None), None)
+        raise Stopped(STOP.requested, best and _checkpoint_uri(storage, best), saved=False, experiment=exp_path)
     errors = [str(r.error).splitlines()[0] for r in results if r.error]
     try:
         best = results.get_best_result(metric=metric, mode=mode, filter_nan_and_inf=True)

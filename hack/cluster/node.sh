@@ -393,7 +393,7 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.
 [plugins."io.containerd.runtime.v1.linux"]
   runtime_root = "${RUNC_ROOT}"
 
-# Collect garbage after every deletion (the default waits for 100 mutations): the layer blobs discard_layers drops
+# Collect garbage after every deletion (the default waits for 100 mutations): the layer blobs `ctr_image discard` drops
 # and a replaced build's snapshots leave the disk at once.
 [plugins."io.containerd.gc.v1.scheduler"]
   deletion_threshold = 1
@@ -466,47 +466,32 @@ ref_of() {
   [[ "${n##*/}" == *:* || "${n}" == *@* ]] || n="${n}:latest"
   printf '%s' "${n}"
 }
-ctr_image_id() { # ctr_image_id REF -> the image's config digest in containerd (= docker image ID), or nothing
-  local digest
-  digest="$(ctr_ images ls "name==$1" 2>/dev/null | awk 'NR == 2 {print $3}')"
-  [[ -n "${digest}" ]] || return 0
-  "${PY}" - "${CTR_SOCK}" "${digest}" <<'EOF' 2>/dev/null || true
+# ctr_image id|discard REF, one helper over the image's manifest in containerd (an index: its linux/amd64 manifest):
+#   id       the image's config digest (= docker image ID), or nothing when containerd lacks REF.
+#   discard  remove the layer blobs of the unpacked image from the content store; prints "COUNT BYTES". Containers
+#            start from the snapshot, which the image config (kept) names; the blobs are needed only to unpack
+#            again, which an imported image never is. Refuses when the config names no snapshot (not unpacked).
+ctr_image() {
+  "${PY}" - "${CTR_SOCK}" "$@" <<'EOF'
 import json, subprocess, sys
-sock, digest = sys.argv[1], sys.argv[2]
-def get(d):
-    return json.loads(subprocess.run(["ctr", "--address", sock, "-n", "k8s.io", "content", "get", d],
-                                     check=True, capture_output=True).stdout)
-m = get(digest)
-if "manifests" in m:  # an index: the linux/amd64 (or first) manifest
-    ms = [x for x in m["manifests"] if x.get("platform", {}).get("os", "linux") == "linux"
-          and x.get("platform", {}).get("architecture", "amd64") in ("amd64",)] or m["manifests"]
-    m = get(ms[0]["digest"])
-print(m["config"]["digest"])
-EOF
-}
-disk_free_bytes() { df -PB1 "$1" | awk 'NR == 2 {print $4}'; }
-import_tar_image() { # import_tar_image REF ID TAR-or-"-" (stdin)
-  local ref="$1" want="$2" src="$3" got
-  ctr_ images import "${src}" >/dev/null
-  got="$(ctr_image_id "${ref}")"
-  [[ "${got}" == "${want}" ]] || die "imported ${ref} but containerd has ${got:-nothing}, expected ${want}"
-}
-# discard_layers REF: remove the layer blobs of an unpacked image from the content store; prints "COUNT BYTES".
-# Containers start from the snapshot, which the image config (kept) names; the blobs are needed only to unpack
-# again, which an imported image never is. Refuses when the config has no snapshot label (not unpacked).
-discard_layers() {
-  "${PY}" - "${CTR_SOCK}" "$1" <<'EOF'
-import json, subprocess, sys
-sock, ref = sys.argv[1], sys.argv[2]
-ctr = ["ctr", "--address", sock, "-n", "k8s.io"]
+sock, mode, ref = sys.argv[1:4]
 def run(*a):
-    return subprocess.run(ctr + list(a), check=True, capture_output=True, text=True).stdout
+    return subprocess.run(["ctr", "--address", sock, "-n", "k8s.io", *a], check=True, capture_output=True,
+                          text=True).stdout
 def get(d):
     return json.loads(run("content", "get", d))
-m = get(run("images", "ls", f"name=={ref}").splitlines()[1].split()[2])
+rows = run("images", "ls", f"name=={ref}").splitlines()[1:]
+if not rows:
+    sys.exit(0 if mode == "id" else f"node.sh: containerd has no image {ref}")
+m = get(rows[0].split()[2])
 if "manifests" in m:
-    m = get(m["manifests"][0]["digest"])
+    ms = [x for x in m["manifests"] if x.get("platform", {}).get("os", "linux") == "linux"
+          and x.get("platform", {}).get("architecture", "amd64") == "amd64"] or m["manifests"]
+    m = get(ms[0]["digest"])
 config = m["config"]["digest"]
+if mode == "id":
+    print(config)
+    sys.exit(0)
 row = [r for r in run("content", "ls").splitlines() if r.startswith(config)]
 if not row or "containerd.io/gc.ref.snapshot." not in row[0]:
     sys.exit(f"node.sh: {ref} is not unpacked (its config {config[:19]} names no snapshot); keeping its layers")
@@ -516,6 +501,14 @@ if gone:
     run("content", "rm", *[l["digest"] for l in gone])
 print(len(gone), sum(l["size"] for l in gone))
 EOF
+}
+ctr_image_id() { ctr_image id "$1" 2>/dev/null || true; }
+disk_free_bytes() { df -PB1 "$1" | awk 'NR == 2 {print $4}'; }
+import_tar_image() { # import_tar_image REF ID TAR-or-"-" (stdin)
+  local ref="$1" want="$2" src="$3" got
+  ctr_ images import "${src}" >/dev/null
+  got="$(ctr_image_id "${ref}")"
+  [[ "${got}" == "${want}" ]] || die "imported ${ref} but containerd has ${got:-nothing}, expected ${want}"
 }
 up_images() {
   step "images into containerd (k8s.io namespace)"
@@ -555,7 +548,7 @@ up_images() {
     size="$(docker image inspect -f '{{.Size}}' "${img}")"
     free="$(disk_free_bytes "${CTR_ROOT}")"
     # The import's peak: the saved layers in the content store + the unpacked snapshot, + 1 GiB of headroom. The
-    # layers go once unpacked (discard_layers), so pods get the rest; the kubelet's eviction threshold is set from
+    # layers go once unpacked (ctr_image discard), so pods get the rest; the kubelet's eviction threshold is set from
     # what is free after the import (eviction_bytes).
     need_b=$((2 * size + 1024 * 1024 * 1024))
     if ((free < need_b)); then
@@ -566,7 +559,7 @@ up_images() {
     docker save "${img}" | import_tar_image "${ref}" "${want}" -
     notes+=("${img} imported $((SECONDS - t))s")
     if [[ "${RLP_NODE_KEEP_LAYERS:-0}" != 1 ]]; then
-      local d; d="$(discard_layers "${ref}")"; notes+=("${img}: ${d%% *} layer blobs ($(( ${d##* } >> 20 )) MiB) discarded")
+      local d; d="$(ctr_image discard "${ref}")"; notes+=("${img}: ${d%% *} layer blobs ($(( ${d##* } >> 20 )) MiB) discarded")
     fi
   done
   local n joined=""; for n in "${notes[@]}"; do joined+="${joined:+; }${n}"; done

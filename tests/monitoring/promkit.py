@@ -27,7 +27,8 @@ import promconfig  # noqa: E402
 from trainer_helpers import free_port, free_ports, stop_process  # noqa: E402,F401 - re-exported for the monitoring tests
 
 # Grafana's interval variables. $__rate_interval is max(4 x scrape interval, step + scrape interval) in Grafana;
-# the live test scrapes every 2 s and queries with a 5 s step, so 20 s holds at least 4 samples of a series.
+# the live test scrapes every 2 s (its evaluation step is finer, see test_monitoring_live.STEP_S), so a 20 s rate
+# window holds at least 4 samples of a series, as a panel on a real Grafana would at its usual step.
 GRAFANA_INTERVALS = {"__rate_interval": "20s", "__interval": "5s", "__range": "5m", "__range_s": "300"}
 # A trailing `<op> <number>` of an alert expression: the threshold, stripped to see the underlying series.
 _THRESHOLD = re.compile(r"\s*(>=|<=|==|!=|>|<)\s*[-+]?[0-9.]+(e[-+]?[0-9]+)?\s*$", re.I)

@@ -39,6 +39,14 @@ from trainer_helpers import RayHead, free_ports, stop_process  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.monitoring]
 REPORT = ROOT / "bench" / "results" / "monitoring_live.json"
+# Prometheus scrapes every SCRAPE_S; queries are evaluated every STEP_S. Some of Ray's gauges are exported only for a
+# few seconds after each set. Measured: Serve's controller sets ray_serve_deployment_replica_healthy every ~10 s; with
+# the 2 s report interval below it is on the metrics port ~4 s of each 10 (continuously with Ray's default 10 s, which
+# the chart keeps). Prometheus ends a series with a staleness marker at the first scrape without it, so a grid coarser
+# than the scrape interval can fall in the gaps every time (10 s period, 5 s step: phase-locked; CI missed it once).
+# A step below the scrape interval puts a grid point inside every scraped sample's lifetime: "returns series" then
+# means "Prometheus had it".
+SCRAPE_S, STEP_S = 2, 1
 
 _NO_GPU = "no GPU on this CPU-only host"
 _ONE_NODE = "a one-node local Ray: no worker nodes, no autoscaler"
@@ -185,7 +193,7 @@ def live(tmp_path_factory):
     try:
         head.wait_metrics("ray_node_cpu_utilization", 120)
         prom = Prometheus(prom_bin, promconfig.local_config([f"127.0.0.1:{p}" for p in (head.metrics_port, as_port, dash_port)], [str(rules_path)],
-                                                            interval="2s"), work / "prometheus", port=prom_port)
+                                                            interval=f"{SCRAPE_S}s"), work / "prometheus", port=prom_port)
         ckpt = make_module_checkpoint(work / "policy", "cartpole")
         cfg = launch.with_overrides(launch.load_config(), policies={"default": str(ckpt)})
         (work / "serve_config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
@@ -240,7 +248,7 @@ def live(tmp_path_factory):
 
 
 def test_every_panel_and_rule_returns_series(live):
-    prom, end, step = live["prom"], live["end"], 5
+    prom, end, step = live["prom"], live["end"], STEP_S
     # Evaluation steps end exactly at `end`: a grid anchored at the start could stop up to a step before it.
     start = end - step * math.ceil((end - live["start"]) / step)
     assert sum(v for k, v in live["counts"].items() if k == "200") > 50, live["counts"]

@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 import yaml
 from kubernetes import client
 
-from rl_checkpoint import FINAL, checkpoint_rel, iter_name, resolve
+from rl_checkpoint import FINAL, Storage, checkpoint_rel, iter_name, read_state, resolve
 from kubekit import NAMESPACE, ROOT, Cluster, first_doc, helm_path, all_scheduled, dump, sh, wait_until
 
 # Where the chart's shared storage lives on the host (hack/deploy-cluster.sh; kind mounts it into its nodes).
@@ -143,9 +143,10 @@ def test_deleting_the_head_pod_checkpoints_and_the_retry_resumes(real: Cluster):
     real.figures["level_b_head_delete_to_gone_s"] = round(time.monotonic() - t_delete, 1)
     # Written by the SIGTERM before the pod went: with every_n_iterations=0 only a signal writes an iteration
     # checkpoint, and the run was not done.
-    state = json.loads((out / "state.json").read_text())
-    first = state["latest_checkpoint"]
-    assert first == checkpoint_rel(iter_name(state["iteration"])), state
+    state = read_state(Storage.open(str(out), create=False))
+    assert state is not None, f"no run state under {out}: the SIGTERM wrote no checkpoint"
+    first = state.latest_checkpoint
+    assert first == checkpoint_rel(iter_name(state.iteration)), state
     meta = resolve(str(out / first)).metadata
     assert meta is not None and meta.env_steps < PREEMPT_STEPS, meta
     assert not (out / "summary.json").exists()

@@ -23,6 +23,27 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def wait_for(pred, deadline_s: float, what: str, interval: float = 0.25, on_timeout=None,
+             tolerate: tuple[type[BaseException], ...] = (Exception,)):
+    """Poll `pred` until it returns something truthy and return that. An exception of a `tolerate` type counts as
+    "not yet" (an object not created yet, a server not listening yet). After `deadline_s`: an AssertionError naming
+    `what`, the last value or error, and `on_timeout()` (logs that say why)."""
+    end = time.monotonic() + deadline_s
+    last = None
+    while True:
+        try:
+            last = pred()
+            if last:
+                return last
+        except tolerate as e:
+            last = e
+        if time.monotonic() >= end:
+            extra = on_timeout() if on_timeout else ""
+            raise AssertionError(f"timed out after {deadline_s:.0f} s waiting for {what} (last seen: {last!r})"
+                                 + (f"\n{extra}" if extra else ""))
+        time.sleep(interval)
+
+
 def free_ports(n: int, avoid: tuple[int, ...] = ()) -> list[int]:
     """`n` distinct TCP ports free on 127.0.0.1, none in `avoid` (ports handed out earlier, not yet bound by their
     server): all bound at once, so the kernel cannot hand one out twice as separate free_port() calls may."""

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from trainer_helpers import wait_for  # noqa: F401 - re-exported for the container tests
 
 ROOT = Path(__file__).resolve().parents[2]
 IMAGES_SH = ROOT / "hack" / "images.sh"
@@ -168,21 +169,6 @@ def http(url: str, data: dict | None = None, timeout: float = 5.0) -> tuple[int,
             return r.status, r.read()
     except urllib.error.HTTPError as e:
         return e.code, e.read()
-
-
-def wait_for(pred, deadline_s: float, what: str, interval: float = 0.25, on_timeout=None):
-    end = time.monotonic() + deadline_s
-    last = None
-    while time.monotonic() < end:
-        try:
-            v = pred()
-            if v:
-                return v
-        except Exception as e:  # noqa: BLE001 - keep polling until the deadline
-            last = e
-        time.sleep(interval)
-    extra = on_timeout() if on_timeout else ""
-    raise AssertionError(f"timed out after {deadline_s:.0f} s waiting for {what} (last error: {last!r})\n{extra}")
 
 
 @dataclass

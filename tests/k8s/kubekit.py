@@ -9,15 +9,14 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-import pytest
 import yaml
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
+from trainer_helpers import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 NAMESPACE = "rl-platform"
@@ -44,19 +43,10 @@ def first_doc(path: str) -> dict:
     return next(d for d in yaml.safe_load_all((ROOT / path).read_text()) if d)
 
 
-def wait_until(what: str, probe: Callable[[], Any], timeout: float, interval: float = 1.0) -> Any:
-    """Poll `probe` until it returns something truthy; fail naming `what` and the last value/error after `timeout`."""
-    deadline, last = time.monotonic() + timeout, None
-    while True:
-        try:
-            last = probe()
-            if last:
-                return last
-        except ApiException as e:  # a not-yet-created object is a normal state while waiting
-            last = f"{e.status} {e.reason}"
-        if time.monotonic() >= deadline:
-            pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}; last seen: {last!r}")
-        time.sleep(interval)
+def wait_until(what: str, probe: Callable[[], Any], timeout: float, interval: float = 1.0,
+               on_timeout: Callable[[], str] | None = None) -> Any:
+    """trainer_helpers.wait_for, where an API error (an object not created yet) is a normal state while waiting."""
+    return wait_for(probe, timeout, what, interval, on_timeout, tolerate=(ApiException,))
 
 
 @dataclass

@@ -17,7 +17,6 @@ import os
 import shlex
 import selectors
 import signal
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -29,6 +28,7 @@ from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
 from kubekit import NAMESPACE, RAY, ROOT, Cluster, dump, sh, wait_until
+from trainer_helpers import free_port
 
 RL_SUBMIT = ROOT / ".venv" / "bin" / "rl-submit"
 PREFIX = "rl-platform-sub-"  # every RayJob this module creates (the chart's <release>- prefix + sub-...)
@@ -416,14 +416,6 @@ def _cluster_settings(c: Cluster) -> dict:
             "pki": Path(c.kubeconfig).parent / "pki"}
 
 
-def _free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
 @pytest.fixture
 def api_server_without_kuberay(c: Cluster, tmp_path):
     """The KubeRay CRDs of the shared cluster stay untouched: a second kube-apiserver of the same release, same CA
@@ -432,7 +424,7 @@ def api_server_without_kuberay(c: Cluster, tmp_path):
     if c.kind != "local":
         pytest.skip("starts a kube-apiserver from the local tier's binaries")
     s = _cluster_settings(c)
-    pki, port, prefix = s["pki"], _free_port(), f"/rl-submit-bare-{os.getpid()}"
+    pki, port, prefix = s["pki"], free_port(), f"/rl-submit-bare-{os.getpid()}"
     log = open(tmp_path / "apiserver.log", "w")
     proc = subprocess.Popen([
         f"{s['k8s_bin']}/kube-apiserver", "--etcd-servers", f"http://127.0.0.1:{s['etcd']}", "--etcd-prefix", prefix,

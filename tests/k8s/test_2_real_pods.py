@@ -55,10 +55,8 @@ def _wait_job(c: Cluster, name: str, timeout: float = JOB_TIMEOUT) -> dict:
             return st
         return None
 
-    try:
-        st = wait_until(f"RayJob {name} to finish", terminal, timeout, interval=3)
-    except pytest.fail.Exception:
-        raise AssertionError(f"RayJob {name} did not finish in {timeout}s\n{_job_diagnostics(c, name)}")
+    st = wait_until(f"RayJob {name} to finish", terminal, timeout, interval=3,
+                    on_timeout=lambda: _job_diagnostics(c, name))
     assert st.get("jobStatus") == "SUCCEEDED", f"RayJob {name}: {st.get('jobStatus')}\n{_job_diagnostics(c, name)}"
     return st
 
@@ -227,10 +225,8 @@ def test_rayservice_answers_through_its_service_from_host_and_pod(real: Cluster)
             return None
         return (ip, r) if r.status_code == 200 else None
 
-    try:
-        ip, r = wait_until(f"RayService {name} to answer on {svc_name}", serving, 900, interval=3)
-    except pytest.fail.Exception:
-        raise AssertionError(f"RayService {name}: {dump(real.ray('rayservices', name).get('status', {}))}")
+    ip, r = wait_until(f"RayService {name} to answer on {svc_name}", serving, 900, interval=3,
+                       on_timeout=lambda: f"RayService {name}: {dump(real.ray('rayservices', name).get('status', {}))}")
     real.figures["level_b_rayservice_apply_to_first_answer_s"] = round(time.monotonic() - t0, 1)
     assert r.json()["action"] in range(6), r.text
     # Train then serve without copying: the Serve pods answer with the checkpoint the Pong RayJob's pods wrote on the

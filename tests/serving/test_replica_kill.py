@@ -22,6 +22,7 @@ import requests
 
 from conftest import ServerProcess, metric_samples, scrape
 from test_api import cartpole_observations
+from trainer_helpers import wait_for as shared_wait_for
 
 pytestmark = [pytest.mark.serve, pytest.mark.slow]
 
@@ -50,13 +51,8 @@ def healthy_replicas(srv: ServerProcess) -> frozenset[str]:
 
 
 def wait_for(cond, timeout_s: float, what: str, srv: ServerProcess):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        got = cond()
-        if got:
-            return got
-        assert time.monotonic() < deadline, f"{what} within {timeout_s}s; log tail:\n{srv.log_tail()}"
-        time.sleep(0.2)
+    return shared_wait_for(cond, timeout_s, what, interval=0.2, on_timeout=lambda: "log tail:\n" + srv.log_tail(),
+                           tolerate=())
 
 
 class Load:

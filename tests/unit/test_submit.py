@@ -21,6 +21,7 @@ from kubernetes.client.rest import ApiException
 
 from trainer import submit
 from trainer.submit import MAX_NAME, Problem, dns1035, job_suffix
+from trainer_helpers import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
@@ -324,17 +325,9 @@ def test_context_namespace_is_the_default_namespace(tmp_path):
         submit.connect(kc, "nope", None)
 
 
-def _closed_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
 @needs_helm
 def test_unreachable_api_server_is_one_line_and_fast(tmp_path):
-    kc = _kubeconfig(tmp_path, f"https://127.0.0.1:{_closed_port()}")
+    kc = _kubeconfig(tmp_path, f"https://127.0.0.1:{free_port()}")
     t0 = time.monotonic()
     proc = rl_submit("--kubeconfig", kc, "--name", "t6")
     assert proc.returncode == 3, proc.stderr

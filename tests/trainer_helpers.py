@@ -15,12 +15,9 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def free_port() -> int:
-    """A TCP port free on 127.0.0.1 right now (servers under test bind it next)."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A TCP port free on 127.0.0.1 right now, outside the ranges anything else picks from (servers under test
+    bind it next)."""
+    return free_ports(1)[0]
 
 
 def wait_for(pred, deadline_s: float, what: str, interval: float = 0.25, on_timeout=None,
@@ -44,21 +41,46 @@ def wait_for(pred, deadline_s: float, what: str, interval: float = 0.25, on_time
         time.sleep(interval)
 
 
+# Ports handed out by this process (a server may not have bound its port yet when the next test asks).
+_HANDED_OUT: set[int] = set()
+PORT_BLOCK = 64  # each port handed out starts its own block: Serve's direct ingress binds port..port+32
+
+
+def _private_port_range() -> tuple[int, int]:
+    """Ports no other process picks on its own: above Ray's worker ports (10002-19999) and below the kernel's
+    ephemeral range, where every bind(0) and every outgoing connection's source port comes from. A port taken
+    from the ephemeral range and released can be given to a Ray process before our server binds it (CI saw
+    Serve's proxy fail to bind one that way)."""
+    try:
+        lo = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        lo = 32768
+    return 20000, lo - 1
+
+
 def free_ports(n: int, avoid: tuple[int, ...] = ()) -> list[int]:
-    """`n` distinct TCP ports free on 127.0.0.1, none in `avoid` (ports handed out earlier, not yet bound by their
-    server): all bound at once, so the kernel cannot hand one out twice as separate free_port() calls may."""
+    """`n` distinct TCP ports free on 127.0.0.1, none in `avoid` or handed out before by this process, each the
+    start of its own `PORT_BLOCK`-port block of the private range (see `_private_port_range`)."""
+    import random
     import socket
 
-    socks: list[socket.socket] = []
-    try:
-        while len([s for s in socks if s.getsockname()[1] not in avoid]) < n:
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks if s.getsockname()[1] not in avoid][:n]
-    finally:
-        for s in socks:
-            s.close()
+    lo, hi = _private_port_range()
+    blocks = [b for b in range(lo, hi - PORT_BLOCK + 2, PORT_BLOCK) if b not in _HANDED_OUT and b not in avoid]
+    if len(blocks) < n:
+        raise RuntimeError(f"no {n} free port blocks left in {lo}-{hi}")
+    random.shuffle(blocks)
+    ports: list[int] = []
+    for port in blocks:
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        ports.append(port)
+        if len(ports) == n:
+            _HANDED_OUT.update(ports)
+            return ports
+    raise RuntimeError(f"fewer than {n} bindable ports in {lo}-{hi}")
 
 
 def stop_process(proc: subprocess.Popen, sig: int, timeout_s: float = 30) -> int | None:
@@ -128,8 +150,8 @@ def summary_of(proc: subprocess.CompletedProcess) -> dict:
 
 
 class RayHead:
-    """`ray start --head --block` on 127.0.0.1 with every port ephemeral, in its own process group (stopped by
-    signalling that group: never `ray stop`, which would stop every Ray on the machine)."""
+    """`ray start --head --block` on 127.0.0.1 with every port from free_ports, in its own process group (stopped
+    by signalling that group: never `ray stop`, which would stop every Ray on the machine)."""
 
     def __init__(self, temp_dir: str, env: dict[str, str], avoid: tuple[int, ...] = ()):
         (self.gcs, self.metrics_port, self.dashboard_port, agent, agent_grpc, runtime_env, client, node_manager,

@@ -40,12 +40,11 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "tests"))
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+# Ports outside the ranges Ray and the kernel pick from (a released ephemeral port can be taken by a Ray process
+# before the server binds it): the one port helper the tests use.
+from trainer_helpers import free_ports  # noqa: E402
 
 
 def stop_server(server: subprocess.Popen) -> None:
@@ -282,16 +281,16 @@ def main(argv: list[str] | None = None) -> int:
     print("in-process floor ...", flush=True)
     floor = inprocess_floor(ckpt, observations, args.floor_n)
 
-    port, metrics_port = free_port(), free_port()
+    port, metrics_port, proxy_port, bare_port = free_ports(4)
     cmd = [sys.executable, "-m", "serving", "--checkpoint", ckpt, "--port", str(port), "--proxy-port",
-           str(free_port()), "--metrics-port", str(metrics_port), "--temp-dir", str(work / "ray"),
+           str(proxy_port), "--metrics-port", str(metrics_port), "--temp-dir", str(work / "ray"),
            "--ingress", args.ingress]
     if args.max_batch_size is not None:
         cmd += ["--max-batch-size", str(args.max_batch_size)]
     print("starting:", " ".join(cmd), flush=True)
     log = open(work / "server.log", "w")
     server = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=log, text=True)
-    bare, bare_port = None, free_port()
+    bare = None
     bare_seq, bare_conc = [], []
     try:
         if not args.no_baseline:

@@ -31,7 +31,7 @@ import psutil
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "bench"))
 
-from serve_bench import Conn, build_request, ensure_checkpoint, free_port, pct, stop_server, wait_ready  # noqa: E402
+from serve_bench import Conn, build_request, ensure_checkpoint, free_ports, pct, stop_server, wait_ready  # noqa: E402
 
 TITLES = ("ray::ServeReplica", "ray::ProxyActor", "ray::ServeController")
 
@@ -108,9 +108,9 @@ def main(argv: list[str] | None = None) -> int:
     rng = np.random.default_rng(0)
     observations = (rng.uniform(-1, 1, size=(1000, 4)) * [2.0, 1.0, 0.2, 1.0]).round(5).tolist()
 
-    port, metrics_port = free_port(), free_port()
+    port, metrics_port, proxy_port = free_ports(3)
     cmd = [sys.executable, "-m", "serving", "--checkpoint", ckpt, "--port", str(port), "--proxy-port",
-           str(free_port()), "--metrics-port", str(metrics_port), "--temp-dir", str(work / "ray"),
+           str(proxy_port), "--metrics-port", str(metrics_port), "--temp-dir", str(work / "ray"),
            "--ingress", args.ingress]
     print("starting:", " ".join(cmd), flush=True)
     log = open(work / "server.log", "w")

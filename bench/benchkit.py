@@ -67,7 +67,8 @@ def write(name: str, report: dict[str, Any]) -> Path:
 
 
 def bar_png(name: str, title: str, labels: list[str], values: list[float], ylabel: str,
-            peer: float | None = None, peer_label: str = "") -> Path:
+            peer: float | None = None, peer_label: str = "", out: Path | None = None) -> Path:
+    """A bar chart, written to `out` (default: bench/results/<name>.png)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -83,7 +84,7 @@ def bar_png(name: str, title: str, labels: list[str], values: list[float], ylabe
     ax.set_title(title, fontsize=10)
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
-    out = RESULTS / f"{name}.png"
+    out = Path(out) if out else RESULTS / f"{name}.png"
     fig.savefig(out)
     plt.close(fig)
     return out

@@ -397,7 +397,8 @@ def main(argv: list[str] | None = None) -> int:
         import benchkit
 
         benchkit.bar_png("serve_bench", f"{args.clients}-client throughput (median), same client",
-                         ["Ray Serve", "bare ASGI"], [result["concurrent"]["req_per_s"], b_rps], "req/s")
+                         ["Ray Serve", "bare ASGI"], [result["concurrent"]["req_per_s"], b_rps], "req/s",
+                         out=out.with_suffix(".png"))  # next to the JSON (--out)
     return 0
 
 

@@ -58,16 +58,14 @@ def _private_port_range() -> tuple[int, int]:
     return 20000, lo - 1
 
 
-def free_ports(n: int, avoid: tuple[int, ...] = ()) -> list[int]:
-    """`n` distinct TCP ports free on 127.0.0.1, none in `avoid` or handed out before by this process, each the
-    start of its own `PORT_BLOCK`-port block of the private range (see `_private_port_range`)."""
+def free_ports(n: int) -> list[int]:
+    """`n` distinct TCP ports free on 127.0.0.1, none handed out before by this process, each the start of its own
+    `PORT_BLOCK`-port block of the private range (see `_private_port_range`)."""
     import random
     import socket
 
     lo, hi = _private_port_range()
-    blocks = [b for b in range(lo, hi - PORT_BLOCK + 2, PORT_BLOCK) if b not in _HANDED_OUT and b not in avoid]
-    if len(blocks) < n:
-        raise RuntimeError(f"no {n} free port blocks left in {lo}-{hi}")
+    blocks = [b for b in range(lo, hi - PORT_BLOCK + 2, PORT_BLOCK) if b not in _HANDED_OUT]
     random.shuffle(blocks)
     ports: list[int] = []
     for port in blocks:
@@ -153,9 +151,9 @@ class RayHead:
     """`ray start --head --block` on 127.0.0.1 with every port from free_ports, in its own process group (stopped
     by signalling that group: never `ray stop`, which would stop every Ray on the machine)."""
 
-    def __init__(self, temp_dir: str, env: dict[str, str], avoid: tuple[int, ...] = ()):
+    def __init__(self, temp_dir: str, env: dict[str, str]):
         (self.gcs, self.metrics_port, self.dashboard_port, agent, agent_grpc, runtime_env, client, node_manager,
-         object_manager) = free_ports(9, avoid)
+         object_manager) = free_ports(9)
         self.address = f"127.0.0.1:{self.gcs}"
         Path(temp_dir).mkdir(parents=True, exist_ok=True)
         self.log = open(Path(temp_dir).parent / "ray-head.log", "w")

@@ -176,7 +176,7 @@ def live(tmp_path_factory):
     rules = promconfig.rule_groups(docs)
     rules_path.write_text(yaml.safe_dump(rules, sort_keys=False))
 
-    prom_port, serve_port, as_port, dash_port, proxy_port = ports = free_ports(5)
+    prom_port, serve_port, as_port, dash_port, proxy_port = free_ports(5)
     # The head's env: the Ray dashboard's metrics view asks RAY_PROMETHEUS_HOST; direct ingress needs its ports
     # set before Ray starts (serving.launch.ingress_env).
     # The autoscaler and the dashboard export their own metrics (Ray's defaults 44217/44227 would clash with any
@@ -186,7 +186,7 @@ def live(tmp_path_factory):
                     RAY_metrics_report_interval_ms="2000",
                     DASHBOARD_METRIC_PORT=str(dash_port), **launch.ingress_env("direct", serve_port))
     t0 = time.time()
-    head = RayHead(str(work / "ray"), head_env, avoid=tuple(ports))
+    head = RayHead(str(work / "ray"), head_env)
     procs: list[subprocess.Popen] = []
     prom = None
     stop = threading.Event()

@@ -22,10 +22,12 @@ from rl_checkpoint.checkpoint import (
     write_state,
 )
 from rl_checkpoint.errors import CheckpointError
+from rl_checkpoint.evaluation import EvalRecord, latest_eval, read_eval_records, write_eval_record
 from rl_checkpoint.storage import Storage, is_uri, redact
 
 __all__ = [
-    "BEST", "FINAL", "LATEST", "METADATA_FILE", "Checkpoint", "CheckpointError", "CheckpointMetadata", "RunCheckpoints", "RunState",
+    "BEST", "FINAL", "LATEST", "METADATA_FILE", "Checkpoint", "CheckpointError", "CheckpointMetadata", "EvalRecord",
+    "RunCheckpoints", "RunState", "latest_eval", "read_eval_records", "write_eval_record",
     "Storage", "checkpoint_rel", "is_uri", "iter_name", "read_metadata", "read_state", "redact", "resolve",
     "write_metadata", "write_state",
 ]

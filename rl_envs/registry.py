@@ -25,6 +25,9 @@ class EnvSpec:
     framestack: int = 1
     # The env_config dataclass: its defaults are merged under the user's (None = no options).
     config_class: type | None = None
+    # The greedy return at which the env counts as solved: the promotion gate's default floor for the lower end of
+    # an evaluation's confidence interval (None = no floor unless `--min-return` is given).
+    solved_return: float | None = None
 
     @property
     def default_config(self) -> dict[str, Any]:
@@ -52,6 +55,7 @@ ENVS: dict[str, EnvSpec] = {
         name="cartpole",
         creator=_cartpole,
         description="gymnasium CartPole-v1 (4 floats in, 2 actions)",
+        solved_return=475.0,  # gymnasium's CartPole-v1 reward_threshold
     ),
     "pong": EnvSpec(
         name="pong",
@@ -59,6 +63,7 @@ ENVS: dict[str, EnvSpec] = {
         description="ALE Pong with standard Atari preprocessing (64x64 grey, [-1,1]) and 4-frame stacking",
         framestack=4,
         config_class=AtariConfig,
+        solved_return=18.0,  # the usual "solved" mark for Pong (max 21)
     ),
     "trading": EnvSpec(
         name="trading",

@@ -32,7 +32,7 @@ from rl_checkpoint import redact
 from serving.config import SESSION_ID_MAX_LEN, ServerConfig, ServerKnobs
 from serving.errors import ApiError, CheckpointError, bad_request
 from serving.metrics import ServerMetrics
-from serving.policy import LoadedPolicy, resolve_checkpoint
+from serving.policy import LoadedPolicy, resolve_source
 
 logger = logging.getLogger("ray.serve")
 
@@ -190,7 +190,8 @@ class PolicyServer:
             old = self._policies.get(name)
             if old is not pol:
                 self._metrics.reload(name, ok=True)
-                self._metrics.loaded(name, pol.checkpoint_id, pol.env, (old.checkpoint_id, old.env) if old else None)
+                self._metrics.loaded(self._info_tags(pol), self._info_tags(old) if old else None,
+                                     pol.source.evaluation)
                 logger.warning("policy %r serves checkpoint %s (%s) loaded in %.2fs",
                                name, pol.checkpoint_id, pol.checkpoint, pol.load_seconds)
             b = self._batchers.get(name)
@@ -200,7 +201,7 @@ class PolicyServer:
                 b.configure(cfg.max_batch_size, cfg.batch_wait_timeout_s)
         for gone in set(self._policies) - set(new):
             old = self._policies[gone]
-            self._metrics.loaded(gone, "-", None, (old.checkpoint_id, old.env))
+            self._metrics.loaded(self._metrics.info_tags(gone, "-", None), self._info_tags(old))
             self._batchers.pop(gone, None)
         replaced = [old for name, old in self._policies.items() if new.get(name) is not old]
         self._policies = new
@@ -209,15 +210,18 @@ class PolicyServer:
         for old in replaced:  # in-flight requests hold the module itself, not its downloaded files
             old.release()
 
+    def _info_tags(self, pol: LoadedPolicy) -> dict[str, str]:
+        return self._metrics.info_tags(pol.name, pol.checkpoint_id, pol.env, pol.source.registry)
+
     @staticmethod
     def _changed(cur: LoadedPolicy, ckpt: str, cfg: ServerConfig) -> bool:
         if cur.limits != cfg.limits:
             return True
         try:
-            resolved = resolve_checkpoint(ckpt)
+            resolved, registry = resolve_source(ckpt)  # a registry alias is looked up again at every reconfigure
         except CheckpointError:
             return True  # let load() raise the readable error
-        if resolved.location != cur.checkpoint or resolved.metadata is None:
+        if resolved.location != cur.checkpoint or resolved.metadata is None or registry != cur.source.registry:
             return True
         return resolved.metadata.checkpoint_id != cur.checkpoint_id
 

@@ -95,9 +95,9 @@ def with_overrides(
 def _checked_location(name: str, location: str) -> str:
     """An absolute path (local) or the URI unchanged, after checking the checkpoint's layout (no torch)."""
     from rl_checkpoint import CheckpointError, is_uri
-    from serving.policy import resolve_checkpoint
+    from serving.policy import is_registry_ref, resolve_checkpoint
 
-    if not is_uri(location):
+    if not is_uri(location) and not is_registry_ref(location):
         p = Path(location).expanduser()
         location = str(p if p.is_absolute() else (Path.cwd() / p).resolve())
         if not Path(location).is_dir():

@@ -7,11 +7,14 @@ next to Serve's own `ray_serve_*` series. Ray prefixes every name with `ray_`; c
 | ray_rl_serve_request_latency_ms              | histogram | policy, endpoint              |
 | ray_rl_serve_batch_size                      | histogram | policy                        |
 | ray_rl_serve_inference_latency_ms            | histogram | policy                        |
-| ray_rl_serve_policy_info                     | gauge     | policy, checkpoint_id, env    |
+| ray_rl_serve_policy_info                     | gauge     | policy, checkpoint_id, env, version, alias |
+| ray_rl_serve_policy_eval_return              | gauge     | policy, checkpoint_id, stat   |
 | ray_rl_serve_policy_reloads_total            | counter   | policy, result                |
 | ray_rl_serve_sessions                        | gauge     | policy                        |
 
-`policy` is "-" for requests that name no known policy, so a client cannot grow the label set.
+`policy` is "-" for requests that name no known policy, so a client cannot grow the label set. `version` and
+`alias` are the registry's ("-" for a policy not loaded through `registry:`); `policy_eval_return` carries the
+newest greedy evaluation of the served checkpoint (rl-eval), `stat` = mean | ci95_low | ci95_high.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ NAMES = {
     "batch": "rl_serve_batch_size",
     "inference": "rl_serve_inference_latency_ms",
     "info": "rl_serve_policy_info",
+    "eval": "rl_serve_policy_eval_return",
     "reloads": "rl_serve_policy_reloads",
     "sessions": "rl_serve_sessions",
 }
@@ -53,7 +57,11 @@ class ServerMetrics:
         )
         self.info = m.Gauge(
             NAMES["info"], "1 for the checkpoint a policy currently serves, 0 for ones it served before.",
-            tag_keys=("policy", "checkpoint_id", "env"),
+            tag_keys=("policy", "checkpoint_id", "env", "version", "alias"),
+        )
+        self.eval = m.Gauge(
+            NAMES["eval"], "Greedy evaluation return of the served checkpoint (newest rl-eval record).",
+            tag_keys=("policy", "checkpoint_id", "stat"),
         )
         self.reloads = m.Counter(
             NAMES["reloads"], "Checkpoint (re)loads by result (ok / error).", tag_keys=("policy", "result"),
@@ -89,10 +97,23 @@ class ServerMetrics:
         self.batch.observe(batch_size, tags)
         self.inference.observe(inference_ms, tags)
 
-    def loaded(self, policy: str, checkpoint_id: str, env: str | None, previous: tuple[str, str | None] | None) -> None:
-        if previous is not None and previous[0] != checkpoint_id:
-            self.info.set(0, {"policy": policy, "checkpoint_id": previous[0], "env": previous[1] or "-"})
-        self.info.set(1, {"policy": policy, "checkpoint_id": checkpoint_id, "env": env or "-"})
+    @staticmethod
+    def info_tags(policy: str, checkpoint_id: str, env: str | None, registry: dict | None = None) -> dict[str, str]:
+        reg = registry or {}
+        return {"policy": policy, "checkpoint_id": checkpoint_id, "env": env or "-",
+                "version": str(reg.get("version") or "-"), "alias": str(reg.get("alias") or "-")}
+
+    def loaded(self, tags: dict[str, str], previous: dict[str, str] | None,
+               evaluation: dict | None = None) -> None:
+        """`tags` (info_tags) of the checkpoint a policy serves now; `previous` those of the one it replaced."""
+        if previous is not None and previous != tags:
+            self.info.set(0, previous)
+        self.info.set(1, tags)
+        if evaluation:
+            base = {"policy": tags["policy"], "checkpoint_id": tags["checkpoint_id"]}
+            for stat, value in (("mean", evaluation["mean"]), ("ci95_low", evaluation["ci95"][0]),
+                                ("ci95_high", evaluation["ci95"][1])):
+                self.eval.set(float(value), {**base, "stat": stat})
 
     def reload(self, policy: str, ok: bool) -> None:
         self.reloads.inc(1.0, {"policy": policy, "result": "ok" if ok else "error"})

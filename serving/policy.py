@@ -18,7 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from rl_checkpoint import METADATA_FILE, Checkpoint, CheckpointError, CheckpointMetadata, resolve
+from rl_checkpoint import (METADATA_FILE, Checkpoint, CheckpointError, CheckpointMetadata, latest_eval, read_eval_records,
+                           redact, resolve)
 from serving.codec import space_to_json
 from serving.config import ServingLimits
 from serving.inference import GreedyActions, Inference
@@ -30,9 +31,48 @@ logger = logging.getLogger("serving")
 METADATA_SOURCES = (METADATA_FILE, "module")  # metadata from the checkpoint's record, or the module's spaces only
 
 
+REGISTRY_PREFIX = "registry:"
+
+
+def is_registry_ref(location: str | os.PathLike) -> bool:
+    return str(location).startswith(REGISTRY_PREFIX)
+
+
+def resolve_source(location: str | os.PathLike) -> tuple[Checkpoint, dict[str, Any] | None]:
+    """-> (the checkpoint at `location`, what the registry says of it or None).
+
+    `location` is a checkpoint (relative paths resolve against $RL_PLATFORM_ROOT, else the cwd) or a registry
+    reference `registry:<root>/<name>@<alias|version>`, resolved to the version it points at *now*: the server
+    resolves it at load and at every reconfigure, so `rl-policy promote` + a reload moves the policy."""
+    loc = str(location)
+    if not is_registry_ref(loc):
+        return resolve(loc, base_dir=os.environ.get("RL_PLATFORM_ROOT") or os.getcwd()), None
+    from rl_checkpoint.registry import RegistryError, parse_ref, resolve_ref
+
+    try:
+        _, name, ref = parse_ref(loc)
+        version, ckpt = resolve_ref(loc)
+    except RegistryError as e:
+        raise CheckpointError(str(e)) from None
+    alias = None if str(ref).isdigit() else str(ref)
+    return ckpt, {"ref": redact(loc), "name": name, "version": int(version.version), "alias": alias,
+                  "aliases": sorted(version.aliases)}
+
+
 def resolve_checkpoint(location: str | os.PathLike) -> Checkpoint:
-    """The checkpoint at `location`; relative paths resolve against $RL_PLATFORM_ROOT, else the cwd."""
-    return resolve(str(location), base_dir=os.environ.get("RL_PLATFORM_ROOT") or os.getcwd())
+    """The checkpoint at `location` (a path, URI or registry reference, see `resolve_source`)."""
+    return resolve_source(location)[0]
+
+
+def eval_summary(ckpt: Checkpoint) -> dict[str, Any] | None:
+    """The newest evaluation record of this checkpoint (rl-eval), summarised; None when it was never evaluated.
+    An unreadable record is reported, not fatal: serving does not depend on it."""
+    try:
+        rec = latest_eval(read_eval_records(ckpt.storage), ckpt.checkpoint_id)
+    except CheckpointError as e:
+        logger.warning("checkpoint %s: %s", ckpt.location, e)
+        return None
+    return rec.summary() if rec is not None else None
 
 
 @dataclass
@@ -43,6 +83,8 @@ class PolicySource:
     checkpoint_id: str
     metadata: CheckpointMetadata | None
     local_copy: Path | None = None  # downloaded RLModule (remote checkpoints); deleted by `release`
+    registry: dict[str, Any] | None = None  # {ref, name, version, alias, aliases} when loaded through the registry
+    evaluation: dict[str, Any] | None = None  # the newest evaluation record's summary (rl-eval), if any
 
     @property
     def metadata_source(self) -> str:
@@ -98,7 +140,7 @@ class LoadedPolicy:
 
         t0 = time.perf_counter()
         limits = limits or ServingLimits()
-        ckpt = resolve_checkpoint(checkpoint)
+        ckpt, registry = resolve_source(checkpoint)
         meta = ckpt.metadata
         module, copy = _load_module(ckpt, cache_dir)
         try:
@@ -107,7 +149,7 @@ class LoadedPolicy:
             framestack = meta.framestack if meta else 1
             obs_space, act_space = module.observation_space, module.action_space
             _check_spaces(ckpt.location, obs_space, act_space, framestack)
-            source = PolicySource(ckpt.location, ckpt.checkpoint_id, meta, copy)
+            source = PolicySource(ckpt.location, ckpt.checkpoint_id, meta, copy, registry, eval_summary(ckpt))
             if meta is None:
                 logger.warning("policy %r: %s has no %s; using the module's own spaces and derived checkpoint id %r",
                                name, ckpt.location, METADATA_FILE, source.checkpoint_id)
@@ -176,6 +218,8 @@ class LoadedPolicy:
             "observation_space": space_to_json(self.observation_space),
             "action_space": space_to_json(self.action_space),
             "framestack": self.framestack,
+            "registry": self.source.registry,
+            "evaluation": self.source.evaluation,
         }
         if self.frame_shape is not None:
             out["frame"] = {

@@ -101,14 +101,14 @@ def start_ray(address: str | None, ray_tmp_dir: str | None) -> bool:
     """Connect to `address`, or start an embedded Ray (token auth, loopback). Returns whether we started it."""
     from rl_eval.episodes import EvalError
 
+    if "ray" in sys.modules and sys.modules["ray"].is_initialized():
+        return False  # inside a process that already runs Ray (the trainer): use it as it is
     if address is None:
         import embedded_ray
 
         embedded_ray.configure("token")
     import ray
 
-    if ray.is_initialized():
-        return False
     kw: dict[str, Any] = {"logging_level": "WARNING", "log_to_driver": False}
     if address is None:
         kw.update(include_dashboard=False, num_gpus=0, runtime_env={"env_vars": {"OMP_NUM_THREADS": "1"}},

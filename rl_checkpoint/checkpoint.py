@@ -5,7 +5,7 @@ module and nothing else spells a path segment or a metadata key.
 
     <run>/state.json                      RunState: pointer to the latest complete checkpoint (+ resume data)
     <run>/checkpoints/iter_NNNNNN/        periodic, newest `keep` kept
-    <run>/checkpoints/best/               best return so far
+    <run>/checkpoints/best/               best greedy-evaluation return so far (training return without evaluation)
     <run>/checkpoints/final/              at stop
     <ckpt>/rl_platform.json               CheckpointMetadata (versioned): env, frame stacking, stable id
     <ckpt>/learner_group/learner/rl_module/default_policy/   the RLModule (RLlib Algorithm checkpoint)
@@ -69,6 +69,8 @@ class CheckpointMetadata:
     iteration: int | None = None
     env_steps: int | None = None
     episode_return_mean: float | None = None
+    # Mean return of the greedy evaluation of this checkpoint's iteration (None: not evaluated).
+    eval_return_mean: float | None = None
     created: str | None = None
     policy_id: str = POLICY_ID
     module_dir: str = MODULE_DIR  # relative to the checkpoint root; "." for a bare RLModule directory
@@ -76,14 +78,14 @@ class CheckpointMetadata:
 
     @classmethod
     def new(cls, *, experiment: str, name: str, iteration: int, env_steps: int,
-            episode_return_mean: float | None, **fields: Any) -> "CheckpointMetadata":
+            episode_return_mean: float | None, eval_return_mean: float | None = None,
+            **fields: Any) -> "CheckpointMetadata":
         """A fresh record with a unique, readable checkpoint_id and the creation time."""
         ident = f"{experiment}-{name}-iter{iteration}-steps{env_steps}"
-        ret = episode_return_mean
         return cls(
             checkpoint_id=ident + "-" + hashlib.sha1(f"{ident}{time.time_ns()}".encode()).hexdigest()[:8],
             experiment=experiment, iteration=iteration, env_steps=env_steps,
-            episode_return_mean=None if ret is None or math.isnan(ret) else float(ret),
+            episode_return_mean=_number(episode_return_mean), eval_return_mean=_number(eval_return_mean),
             created=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), **fields,
         )
 
@@ -113,6 +115,10 @@ class CheckpointMetadata:
         return cls(**values)
 
 
+def _number(value: float | None) -> float | None:
+    return None if value is None or math.isnan(value) else float(value)
+
+
 def write_metadata(storage: Storage, meta: CheckpointMetadata, *rel: str) -> None:
     storage.write_json(meta.to_json(), *rel, METADATA_FILE)
 
@@ -140,11 +146,16 @@ class RunState:
     iteration: int = 0
     env_steps: int = 0
     episode_return_mean: float | None = None
-    best: dict[str, Any] | None = None  # {checkpoint, iteration, env_steps, episode_return_mean}
+    # {checkpoint, iteration, env_steps, episode_return_mean, eval_return_mean, judged_by}; judged_by names the
+    # figure best was chosen by: eval_return_mean (greedy evaluation) or episode_return_mean (training return; also
+    # what a state.json without judged_by was judged by).
+    best: dict[str, Any] | None = None
     periodic: list[str] = field(default_factory=list)
     wall_s: float = 0.0
     return_history: list[list[float]] = field(default_factory=list)
     stop_reason: str | None = None
+    # The latest greedy evaluation's return up to `iteration` (None: none yet, or a state.json from before).
+    eval_return_mean: float | None = None
 
     @classmethod
     def from_json(cls, raw: Any, where: str) -> "RunState":
@@ -192,13 +203,19 @@ class RunCheckpoints:
         write_metadata(self.storage, meta, rel)
         return rel
 
-    def mark_best(self, rel: str, meta: CheckpointMetadata) -> None:
-        """Copy checkpoint `rel` to checkpoints/best with its own metadata; the state remembers it at commit."""
+    def mark_best(self, rel: str | None, meta: CheckpointMetadata, judged_by: str, algo=None) -> None:
+        """Copy checkpoint `rel` to checkpoints/best with its own metadata, or save `algo` there when `rel` is None
+        (an evaluated iteration without a periodic checkpoint); the state remembers it at commit. `judged_by`:
+        the metadata figure best was chosen by (eval_return_mean or episode_return_mean)."""
         best = checkpoint_rel(BEST)
-        self.storage.copy_dir((rel,), (best,))
-        write_metadata(self.storage, meta, best)
+        if rel is None:
+            self.save(algo, BEST, meta)
+        else:
+            self.storage.copy_dir((rel,), (best,))
+            write_metadata(self.storage, meta, best)
         self.state.best = {"checkpoint": best, "iteration": meta.iteration, "env_steps": meta.env_steps,
-                           "episode_return_mean": meta.episode_return_mean}
+                           "episode_return_mean": meta.episode_return_mean,
+                           "eval_return_mean": meta.eval_return_mean, "judged_by": judged_by}
 
     def add_periodic(self, rel: str) -> None:
         """Remember periodic checkpoint `rel`, deleting the oldest beyond `keep`."""

@@ -13,7 +13,16 @@ from collections import deque
 
 from ray.rllib.callbacks.callbacks import RLlibCallback
 
-from trainer.solved import EPISODES_ENDED, RETURN_MEAN_KEY, RETURN_WINDOW_KEY, WINDOW, window_mean  # noqa: F401
+from trainer.solved import (  # noqa: F401
+    EPISODES_ENDED,
+    EVAL_EPISODES_KEY,
+    EVAL_RETURN_KEY,
+    RETURN_MEAN_KEY,
+    RETURN_WINDOW_KEY,
+    WINDOW,
+    eval_of,
+    window_mean,
+)
 
 
 class LastNEpisodeReturns(RLlibCallback):
@@ -33,6 +42,23 @@ class LastNEpisodeReturns(RLlibCallback):
         if count is not None and mean is not None and math.isfinite(count) and math.isfinite(mean) and count > 0:
             self.history.append((int(count), float(mean)))
         result[RETURN_MEAN_KEY], result[RETURN_WINDOW_KEY] = window_mean(self.history)
+
+
+class EvalReturn(RLlibCallback):
+    """Puts the greedy evaluation's mean return and episode count at the top of every result (NaN / 0 in an
+    iteration without an evaluation), where the stop rule, progress.csv, Tune's checkpoint ranking and the metrics
+    read it. Taken when the evaluation ends: RLlib's result["evaluation"] repeats the last one in later iterations."""
+
+    def __init__(self):
+        super().__init__()
+        self._latest: tuple[float, int] | None = None
+
+    def on_evaluate_end(self, *, algorithm, metrics_logger=None, evaluation_metrics: dict, **kwargs) -> None:
+        self._latest = eval_of(evaluation_metrics)
+
+    def on_train_result(self, *, algorithm, metrics_logger=None, result: dict, **kwargs) -> None:
+        result[EVAL_RETURN_KEY], result[EVAL_EPISODES_KEY] = self._latest or (math.nan, 0)
+        self._latest = None
 
 
 def window_history(algo) -> LastNEpisodeReturns | None:

@@ -20,7 +20,7 @@ from trainer.errors import TrainerError
 Bundle = Mapping[str, float]
 
 
-def request(res, tune: bool) -> list[tuple[str, Bundle]]:
+def request(res, tune: bool, eval_env_runners: int = 0) -> list[tuple[str, Bundle]]:
     """[(what, bundle)] the run will ask Ray for, one entry per actor."""
     out: list[tuple[str, Bundle]] = []
     if tune:
@@ -29,6 +29,8 @@ def request(res, tune: bool) -> list[tuple[str, Bundle]]:
     if res.rollout_resource:
         runner[res.rollout_resource] = 1.0
     out += [("an env runner", runner)] * res.num_env_runners
+    # Eval env runners are built from the training env runners' config: the same bundle (trainer.algo).
+    out += [("an evaluation env runner", runner)] * eval_env_runners
     learner: dict[str, float] = {"CPU": float(res.num_cpus_per_learner), "GPU": float(res.num_gpus_per_learner)}
     if res.learner_resource:
         learner[res.learner_resource] = 1.0
@@ -83,7 +85,8 @@ def _autoscaler_maxima() -> dict[str, float] | None:
 
 def check_capacity(cfg, log: Callable[[str], None], nodes: Callable[[], list[Bundle]] = _alive_nodes) -> None:
     res = cfg.resources
-    req = request(res, tune=cfg.tune.scheduler != "none")
+    ev = cfg.evaluation
+    req = request(res, tune=cfg.tune.scheduler != "none", eval_env_runners=ev.num_env_runners if ev.interval else 0)
     why = shortfall(req, nodes())
     if why is None:
         return

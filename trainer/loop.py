@@ -11,7 +11,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from rl_checkpoint import BEST, FINAL, CheckpointError, CheckpointMetadata, RunCheckpoints, Storage, checkpoint_rel, iter_name
-from trainer.artifacts import Progress, RunResult, learning_curve_png, read_csv_rows, row_from_result
+from trainer.artifacts import Progress, RunResult, latest_eval, learning_curve_png, read_csv_rows, row_from_result
 from trainer.errors import TrainerError
 from trainer.metrics import checkpoint_saved
 from trainer.signals import STOP, Stopped
@@ -26,7 +26,8 @@ def checkpoint_metadata(cfg, name: str, row: dict[str, Any]) -> CheckpointMetada
     env = OmegaConf.to_container(cfg.env, resolve=True)
     return CheckpointMetadata.new(
         experiment=cfg.experiment, name=name, iteration=row["iteration"], env_steps=row["env_steps"],
-        episode_return_mean=row["episode_return_mean"], env=env["name"], env_config=env["env_config"],
+        episode_return_mean=row["episode_return_mean"], eval_return_mean=row.get("eval_return_mean"),
+        env=env["name"], env_config=env["env_config"],
         framestack=get_spec(env["name"]).framestack, algo=cfg.algo.name,
     )
 
@@ -91,7 +92,7 @@ def train_loop(cfg, config, storage: Storage, log) -> RunResult:
     STARTUP.mark("build")
     log(f"algorithm built in {time.time() - t_build:.1f}s; training (stop: {OmegaConf.to_container(cfg.stop)})")
 
-    best_ret = ckpts.state.best["episode_return_mean"] if ckpts.state.best else -math.inf
+    judge = BestJudge(cfg.evaluation.interval > 0, ckpts.state.best if resume_from else None)
     every = cfg.checkpoint.every_n_iterations
     stop = OmegaConf.to_container(cfg.stop)
     prior_wall = float(ckpts.state.wall_s)
@@ -103,12 +104,16 @@ def train_loop(cfg, config, storage: Storage, log) -> RunResult:
     row: dict[str, Any] | None = rows[-1] if rows else None
 
     def checkpoint(name: str, **extra: Any) -> str:
-        nonlocal best_ret
         rel = ckpts.save(algo, name, checkpoint_metadata(cfg, name, row))
-        if not math.isnan(row["episode_return_mean"]) and row["episode_return_mean"] >= best_ret:
-            best_ret = row["episode_return_mean"]
-            ckpts.mark_best(rel, checkpoint_metadata(cfg, BEST, row))
+        judge_best(rel, final=name == FINAL)
         return rel
+
+    def judge_best(rel: str | None, final: bool = False) -> None:
+        """checkpoints/best after this iteration: `rel` is its checkpoint, None if it has none (then `algo` is
+        saved there directly when this iteration's evaluation is the best so far)."""
+        by = judge(row, checkpointed=rel is not None, final=final)
+        if by:
+            ckpts.mark_best(rel, checkpoint_metadata(cfg, BEST, row), judged_by=by, algo=algo)
 
     # SIGTERM/SIGINT (trainer.signals): checkpoint at the end of the iteration, then stop.
     STOP.latest = lambda: storage.uri(ckpts.latest) if ckpts.latest else None
@@ -130,25 +135,31 @@ def train_loop(cfg, config, storage: Storage, log) -> RunResult:
             steps_before = row["env_steps"]
             progress.add(row)
             reason = stop_reason(stop, return_mean=row["episode_return_mean"], return_window=row["return_window"],
-                                 env_steps=row["env_steps"], iterations=iters, wall_s=now - t0)
+                                 env_steps=row["env_steps"], iterations=iters, wall_s=now - t0,
+                                 eval_return_mean=row["eval_return_mean"])
             if cfg.log_every and (iters % cfg.log_every == 0 or reason):
+                evaluated = "" if math.isnan(row["eval_return_mean"]) else (
+                    f"eval {row['eval_return_mean']:8.2f} ({row['eval_episodes']} ep) | ")
                 log(
                     f"iter {row['iteration']:4d} | env steps {row['env_steps']:>9,} | "
-                    f"return {row['episode_return_mean']:8.2f} | {row['env_steps_per_s']:>7,.0f} steps/s | "
+                    f"return {row['episode_return_mean']:8.2f} | {evaluated}{row['env_steps_per_s']:>7,.0f} steps/s | "
                     f"{row['wall_s']:7.1f}s"
                 )
-            if reason is None and ((every and row["iteration"] % every == 0) or STOP.requested):
+            periodic = reason is None and ((every and row["iteration"] % every == 0) or STOP.requested)
+            if reason is None and not periodic:
+                judge_best(None)  # an evaluated iteration between periodic checkpoints may be the best
+            if periodic:
                 rel = checkpoint(iter_name(row["iteration"]))
                 ckpts.add_periodic(rel)
                 _flush(storage, progress, local_dir)
-                _commit(ckpts, rel, row, algo)
+                _commit(ckpts, rel, row, algo, eval_return_mean=latest_eval(progress.rows))
                 checkpoint_saved(algo)
             if reason is None and STOP.requested:
                 raise Stopped(STOP.requested, storage.uri(rel), saved=True)
         log(f"stopping: {reason}")
         final = checkpoint(FINAL)
         _flush(storage, progress, local_dir)
-        _commit(ckpts, final, row, algo, stop_reason=reason)
+        _commit(ckpts, final, row, algo, stop_reason=reason, eval_return_mean=latest_eval(progress.rows))
     except (OSError, CheckpointError) as e:  # the output storage failed (store down, disk full): one line, what is safe
         first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
         kept = f"the last complete checkpoint {storage.uri(ckpts.latest)} is intact" if ckpts.latest else (
@@ -159,6 +170,7 @@ def train_loop(cfg, config, storage: Storage, log) -> RunResult:
         algo.stop()
 
     storage.write_bytes(learning_curve_png(progress.rows, cfg.experiment, cfg.stop.episode_return_mean), "learning_curve.png")
+    best = ckpts.state.best or {}
     return RunResult(
         checkpoint=storage.uri(final),
         best_checkpoint=storage.uri(checkpoint_rel(BEST)) if ckpts.state.best else None,
@@ -167,7 +179,47 @@ def train_loop(cfg, config, storage: Storage, log) -> RunResult:
         iterations=row["iteration"],
         extra={"stop_reason": reason, "resumed_from": storage.uri(resume_from) if resume_from else None,
                "env_runner_restarts": restarts},
+        eval_return_mean=ckpts.state.eval_return_mean,
+        best_eval_return_mean=best.get("eval_return_mean") if best.get("judged_by") == EVAL else None,
     )
+
+
+EVAL, TRAINING = "eval_return_mean", "episode_return_mean"  # what checkpoints/best is judged by (RunState.best)
+
+
+class BestJudge:
+    """Which iterations become checkpoints/best.
+
+    Evaluation on: an iteration whose greedy evaluation return is >= the best evaluation so far; iterations without
+    an evaluation are not judged. A run that ends before its first evaluation makes its final checkpoint best,
+    judged by the training return, and any later evaluation replaces it. Evaluation off: a checkpointed iteration
+    (periodic or final) whose training return (last 20 episodes, exploring) is >= the best so far."""
+
+    def __init__(self, evaluation: bool, best: dict[str, Any] | None):
+        self.evaluation = evaluation
+        self.best = dict(best) if best else None  # RunState.best of the run resumed, None for a fresh run
+
+    def _figure(self, by: str) -> float:
+        b = self.best
+        if not b or b.get("judged_by", TRAINING) != by or b.get(by) is None:
+            return -math.inf
+        return float(b[by])
+
+    def __call__(self, row: dict[str, Any], checkpointed: bool, final: bool) -> str | None:
+        """-> the figure iteration `row` wins best by, or None when it does not become best. `checkpointed`: the
+        iteration has a periodic or final checkpoint."""
+        by = None
+        if self.evaluation:
+            if not math.isnan(row["eval_return_mean"]) and row["eval_return_mean"] >= self._figure(EVAL):
+                by = EVAL
+            elif final and self.best is None and not math.isnan(row["episode_return_mean"]):
+                by = TRAINING
+        elif (checkpointed and not math.isnan(row["episode_return_mean"])
+              and row["episode_return_mean"] >= self._figure(TRAINING)):
+            by = TRAINING
+        if by:
+            self.best = {EVAL: row["eval_return_mean"], TRAINING: row["episode_return_mean"], "judged_by": by}
+        return by
 
 
 def _commit(ckpts: RunCheckpoints, rel: str, row: dict[str, Any], algo, **extra: Any) -> None:

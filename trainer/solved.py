@@ -1,4 +1,5 @@
-"""The "solved" metric's names and arithmetic: the mean return of the last WINDOW training episodes.
+"""The "solved" metric's names and arithmetic: the mean return of the last WINDOW training episodes, and the
+greedy evaluation return that ranks checkpoints.
 
 Kept free of Ray/RLlib imports so the trainer's entry point, artifacts and stop rule can use them before the heavy
 imports (which overlap ray.init, trainer.startup); trainer.callbacks computes the metric inside RLlib.
@@ -14,6 +15,21 @@ RETURN_MEAN_KEY = "episode_return_mean_last_n"
 # Episodes behind RETURN_MEAN_KEY (>= WINDOW once that many have ended).
 RETURN_WINDOW_KEY = "episode_return_window"
 WINDOW = 20
+# Mean return of the greedy evaluation episodes run in this iteration (the evaluation group), NaN in an iteration
+# without one, and their count; trainer.callbacks puts them at the top of every result. (RLlib's own
+# result["evaluation"] repeats the last evaluation in the iterations after it.)
+EVAL_RETURN_KEY = "eval_return_mean"
+EVAL_EPISODES_KEY = "eval_episodes"
+
+
+def eval_of(evaluation) -> tuple[float, int]:
+    """RLlib's evaluation results of one evaluation -> (mean return of its episodes, their count); (NaN, 0) when
+    it ran no episode."""
+    env = (evaluation or {}).get("env_runners") or {}
+    mean, count = env.get("episode_return_mean"), env.get("num_episodes")
+    if mean is None or not math.isfinite(mean) or not count or not math.isfinite(count):
+        return math.nan, 0
+    return float(mean), int(count)
 
 
 def window_mean(history, window: int = WINDOW) -> tuple[float, int]:

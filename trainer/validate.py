@@ -41,8 +41,21 @@ def validate(cfg) -> None:
     if cfg.fault_tolerance.resume not in ("auto", "never", "must"):
         raise TrainerError(f"fault_tolerance.resume must be auto, never or must, not {cfg.fault_tolerance.resume!r}")
     s = cfg.stop
-    if all(v is None for v in (s.episode_return_mean, s.env_steps, s.wall_s, s.iterations)):
-        raise TrainerError("no stop criterion set: give stop.episode_return_mean, stop.env_steps, stop.wall_s or stop.iterations")
+    if all(v is None for v in (s.episode_return_mean, s.eval_return_mean, s.env_steps, s.wall_s, s.iterations)):
+        raise TrainerError("no stop criterion set: give stop.episode_return_mean, stop.eval_return_mean, stop.env_steps, "
+                           "stop.wall_s or stop.iterations")
+    ev = cfg.evaluation
+    if ev.interval < 0:
+        raise TrainerError(f"evaluation.interval must be >= 0 (0 = no evaluation), got {ev.interval}")
+    if ev.episodes < 1:
+        raise TrainerError(f"evaluation.episodes must be >= 1, got {ev.episodes}")
+    if ev.num_env_runners < 0:
+        raise TrainerError(f"evaluation.num_env_runners must be >= 0, got {ev.num_env_runners}")
+    if ev.parallel_to_training and ev.num_env_runners < 1:
+        raise TrainerError("evaluation.parallel_to_training needs evaluation.num_env_runners >= 1 (the driver cannot "
+                           "evaluate while it trains)")
+    if s.eval_return_mean is not None and not ev.interval:
+        raise TrainerError("stop.eval_return_mean needs evaluation on (evaluation.interval >= 1), not evaluation=off")
     for key in ("env_steps", "iterations", "wall_s"):
         v = s[key]
         if v is not None and v <= 0:

@@ -14,12 +14,13 @@ class Res(dict):
     __getattr__ = dict.__getitem__
 
 
-def cfg(scheduler="none", **kw):
+def cfg(scheduler="none", eval_env_runners=0, **kw):
     r = Res(num_env_runners=0, num_cpus_per_env_runner=1.0, num_learners=0, num_cpus_per_learner=1.0,
             num_gpus_per_learner=0.0, rollout_resource=None, learner_resource=None, address=None,
             wait_for_resources_s=0.0)
     r.update(kw)
-    return SimpleNamespace(resources=r, tune=SimpleNamespace(scheduler=scheduler))
+    return SimpleNamespace(resources=r, tune=SimpleNamespace(scheduler=scheduler),
+                           evaluation=SimpleNamespace(interval=5, num_env_runners=eval_env_runners))
 
 
 CPU2 = [{"CPU": 2.0, "memory": 1e9}]
@@ -34,6 +35,16 @@ def test_a_gpu_learner_on_a_cpu_only_ray_names_gpu():
     req = request(cfg(num_learners=1, num_gpus_per_learner=1.0).resources, tune=False)
     why = shortfall(req, CPU2)
     assert why and "GPU 1" in why and "learner" in why
+
+
+def test_eval_env_runners_ask_for_the_rollout_pool_too():
+    c = cfg(num_env_runners=1, rollout_resource="rollout_pool", eval_env_runners=1)
+    req = request(c.resources, tune=False, eval_env_runners=1)
+    assert req == [("an env runner", {"CPU": 1.0, "rollout_pool": 1.0})] * 1 + [
+        ("an evaluation env runner", {"CPU": 1.0, "rollout_pool": 1.0})]
+    # One rollout_pool unit fits the training env runner, not the eval one as well.
+    with pytest.raises(TrainerError, match="rollout_pool 2"):
+        check_capacity(c, print, nodes=lambda: [{"CPU": 4.0, "rollout_pool": 1.0}])
 
 
 def test_a_missing_pool_resource_names_the_pool():

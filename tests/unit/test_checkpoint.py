@@ -95,6 +95,55 @@ def test_one_stop_rule_for_the_loop_and_tune():
     assert stop_reason({**stop, "iterations": 1}, return_mean=1.0, return_window=0, env_steps=9, iterations=1)
 
 
+def test_stop_eval_return_mean_only_on_an_evaluated_iteration():
+    from trainer.solved import EVAL_RETURN_KEY
+    from trainer.stopping import StopRule, stop_reason
+
+    stop = {"episode_return_mean": None, "eval_return_mean": 400.0, "env_steps": None, "iterations": None}
+    kw = dict(return_mean=500.0, return_window=20, env_steps=9, iterations=1)
+    assert stop_reason(stop, **kw) is None  # the training return does not count for the eval target
+    assert stop_reason(stop, **kw, eval_return_mean=float("nan")) is None  # no evaluation in this iteration
+    assert stop_reason(stop, **kw, eval_return_mean=420.0).startswith("eval_return_mean 420.0")
+    assert StopRule(stop)("t", {EVAL_RETURN_KEY: 400.0, "training_iteration": 3})
+    assert not StopRule(stop)("t", {EVAL_RETURN_KEY: float("nan"), "training_iteration": 3})
+
+
+def test_old_run_state_and_progress_read_as_not_evaluated(tmp_path):
+    """A state.json / progress.csv written before evaluation existed still resumes: no eval figures, best judged by
+    the training return."""
+    from trainer.artifacts import COLUMNS, Progress, latest_eval, read_csv_rows
+    from trainer.loop import BestJudge
+
+    run = Storage.open(str(tmp_path))
+    old_best = {"checkpoint": "checkpoints/best", "iteration": 2, "env_steps": 20, "episode_return_mean": 30.0}
+    run.write_json({"latest_checkpoint": "checkpoints/iter_000002", "iteration": 2, "best": old_best}, "state.json")
+    state = RunCheckpoints(run, keep=2).state
+    assert state.eval_return_mean is None and state.best == old_best
+    old_csv = b"iteration,env_steps,episode_return_mean,episodes,return_window,wall_s,iter_s,env_steps_per_s\n" \
+              b"1,10,20.0,1,1,0.5,0.5,20.0\n2,20,30.0,2,2,1.0,0.5,20.0\n"
+    rows = read_csv_rows(old_csv)
+    assert all(np.isnan(r["eval_return_mean"]) and r["eval_episodes"] == 0 for r in rows) and latest_eval(rows) is None
+    # Written back with the eval columns, empty where no evaluation ran; read back the same.
+    progress = Progress(str(tmp_path / "p"), rows + [{**rows[-1], "iteration": 3, "eval_return_mean": 480.0,
+                                                      "eval_episodes": 10}])
+    text = progress.csv_bytes().decode()
+    assert text.splitlines()[0].split(",") == COLUMNS and text.splitlines()[1].endswith(",,")
+    assert latest_eval(read_csv_rows(text.encode())) == 480.0
+    # An old best (judged by the training return) is replaced by the first evaluation, however low.
+    judge = BestJudge(evaluation=True, best=old_best)
+    row = {"eval_return_mean": float("nan"), "episode_return_mean": 99.0}
+    assert judge(row, checkpointed=True, final=True) is None  # no evaluation: not judged
+    assert judge({**row, "eval_return_mean": 5.0}, checkpointed=False, final=False) == "eval_return_mean"
+    assert judge({**row, "eval_return_mean": 4.0}, checkpointed=True, final=False) is None
+    assert judge({**row, "eval_return_mean": 5.0}, checkpointed=False, final=False) == "eval_return_mean"  # ties: newer
+    # Evaluation off: the training return of checkpointed iterations, as before.
+    judge = BestJudge(evaluation=False, best=old_best)
+    assert judge({**row, "episode_return_mean": 31.0}, checkpointed=False, final=False) is None
+    assert judge({**row, "episode_return_mean": 31.0}, checkpointed=True, final=False) == "episode_return_mean"
+    # A run that ends before its first evaluation: final is best, by the training return.
+    assert BestJudge(evaluation=True, best=None)(row, checkpointed=True, final=True) == "episode_return_mean"
+
+
 def test_policy_loads_from_an_s3_uri_into_a_bounded_cache(s3, tmp_path):
     """A bare RLModule checkpoint uploaded to the local S3 server serves the same actions as the local copy."""
     from make_checkpoint import make_module_checkpoint

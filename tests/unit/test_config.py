@@ -28,6 +28,32 @@ def cfg_of(*overrides: str):
         return compose(config_name="config", overrides=list(overrides))
 
 
+def test_evaluation_is_on_for_every_experiment_and_builds_rllib_evaluation():
+    for experiment in EXPERIMENTS:
+        ev = cfg_of(f"experiment={experiment}").evaluation
+        assert ev.interval >= 1 and ev.episodes >= 1, experiment
+    cfg = cfg_of()
+    config = build_algo_config(cfg)
+    assert config.evaluation_interval == cfg.evaluation.interval and config.evaluation_duration == cfg.evaluation.episodes
+    assert config.evaluation_duration_unit == "episodes" and config.evaluation_num_env_runners == 0
+    assert not config.evaluation_parallel_to_training
+    ev_config = config.get_evaluation_config_object()
+    assert ev_config.explore is False and ev_config.num_envs_per_env_runner == cfg.evaluation.episodes
+    assert build_algo_config(cfg_of("evaluation=off")).evaluation_interval is None
+
+
+def test_eval_env_runners_go_to_the_rollout_pool_and_stack_frames():
+    cfg = cfg_of("experiment=pong_ppo", "resources=cluster", "evaluation=parallel", "evaluation.episodes=5")
+    validate(cfg)
+    config = build_algo_config(cfg)
+    assert config.evaluation_parallel_to_training and config.evaluation_num_env_runners == 1
+    ev_config = config.get_evaluation_config_object()  # what RLlib builds the eval env runners from
+    assert ev_config.num_env_runners == 1 and ev_config.num_envs_per_env_runner == 5
+    assert ev_config.custom_resources_per_env_runner == {"rollout_pool": 1}
+    pipeline = ev_config._env_to_module_connector(None)
+    assert type(pipeline).__name__ == "FrameStacking" and pipeline.num_frames == 4
+
+
 def test_groups_present():
     assert EXPERIMENTS == ["cartpole_ppo", "pong_appo", "pong_ppo"]
     assert ALGOS == ["appo", "dqn", "impala", "ppo"]
@@ -127,10 +153,15 @@ def test_unknown_group_option_fails():
         ("resources.num_gpus_per_learner=1", "num_learners"),
         ("fault_tolerance.resume=sometimes", "resume"),
         ("stop.env_steps=0", "stop.env_steps"),
+        ("evaluation.episodes=0", "evaluation.episodes"),
+        ("evaluation.interval=-1", "evaluation.interval"),
+        ("evaluation.num_env_runners=-1", "evaluation.num_env_runners"),
+        ("evaluation.parallel_to_training=true", "evaluation.parallel_to_training needs evaluation.num_env_runners"),
+        ("evaluation=off,stop.eval_return_mean=400", "stop.eval_return_mean needs evaluation on"),
     ],
 )
 def test_value_checks_name_the_key(override, needle):
-    cfg = cfg_of(override)
+    cfg = cfg_of(*override.split(","))
     with pytest.raises(TrainerError) as e:
         validate(cfg)
     assert needle in str(e.value)
@@ -140,6 +171,8 @@ def test_no_stop_criterion_is_rejected():
     cfg = cfg_of("stop.episode_return_mean=null", "stop.env_steps=null", "stop.wall_s=null")
     with pytest.raises(TrainerError, match="no stop criterion"):
         validate(cfg)
+    validate(cfg_of("stop.episode_return_mean=null", "stop.env_steps=null", "stop.wall_s=null",
+                    "stop.eval_return_mean=450"))  # the greedy evaluation's return alone is a stop criterion
 
 
 def test_search_space_maps_to_tune_samplers():

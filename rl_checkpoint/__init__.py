@@ -21,8 +21,11 @@ from rl_checkpoint.checkpoint import (
     write_metadata,
     write_state,
 )
-from rl_checkpoint.errors import CheckpointError
+from rl_checkpoint.errors import CheckpointError, RegistryError
 from rl_checkpoint.evaluation import EvalRecord, latest_eval, read_eval_records, write_eval_record
+from rl_checkpoint.gate import GateDecision, judge
+from rl_checkpoint.registry import (REGISTRY_PREFIX, PromotionRefused, PromotionResult, Registry, Version,
+                                    is_registry_ref, make_ref, parse_ref, resolve_ref)
 from rl_checkpoint.storage import Storage, is_uri, redact
 
 __all__ = [
@@ -30,4 +33,6 @@ __all__ = [
     "RunCheckpoints", "RunState", "latest_eval", "read_eval_records", "write_eval_record",
     "Storage", "checkpoint_rel", "is_uri", "iter_name", "read_metadata", "read_state", "redact", "resolve",
     "write_metadata", "write_state",
+    "REGISTRY_PREFIX", "GateDecision", "PromotionRefused", "PromotionResult", "Registry", "RegistryError", "Version",
+    "is_registry_ref", "judge", "make_ref", "parse_ref", "resolve_ref",
 ]

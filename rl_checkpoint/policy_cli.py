@@ -10,10 +10,12 @@
 
 ROOT is a folder or s3://bucket/prefix[?endpoint_override=HOST:PORT&scheme=http...]; without --registry,
 $RL_REGISTRY. `register` creates a local root whose parent exists; every other command needs an existing one.
+The policy server and rl-eval name a version as registry:<ROOT>/<NAME>[@VERSION|@ALIAS][?ROOT's URI options].
 
 Exit codes: 0 done; 2 bad input or refused, one line on stderr naming the problem (unknown policy, version or alias;
-a registry root that does not exist or cannot be written; an unreadable checkpoint or one for another env; a
-promotion refused by the gate, naming its rule and figures); 3 the registry stayed busy with other writers (retry).
+a registry root that does not exist, cannot be reached or cannot be written; an unreadable checkpoint, one for
+another env, or one rewritten since registration; a promotion refused by the gate, naming its rule and figures;
+`promote --dry-run` of a version the gate refuses); 3 the registry stayed busy with other writers (retry).
 """
 
 from __future__ import annotations
@@ -159,6 +161,9 @@ def run(args: argparse.Namespace) -> int:
               f"({res.decision.message})")
     elif cmd == "history":
         events = reg.history(args.name)
+        for ev in events:
+            if ev["type"] == "register":
+                ev["record"]["checkpoint"] = redact(ev["record"]["checkpoint"])
         if args.json:
             _print_json(events)
         for ev in events if not args.json else ():
@@ -173,16 +178,13 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    from rl_checkpoint.errors import CheckpointError, RegistryError
+    from rl_checkpoint.errors import CheckpointError
 
     try:
         return run(args)
-    except RegistryError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return e.exit_code
-    except CheckpointError as e:  # a checkpoint that cannot be resolved or read
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_INVALID
+    except CheckpointError as e:  # RegistryError, or a checkpoint that cannot be resolved or read
+        print("error: " + " ".join(str(e).split()), file=sys.stderr)  # one line, whatever a storage error held
+        return getattr(e, "exit_code", EXIT_INVALID)
     except KeyboardInterrupt:
         return 130
 

@@ -256,7 +256,7 @@ class _LocalLog:
 
     def names(self) -> list[str]:
         return sorted(n for n in os.listdir(self.root)
-                      if os.path.isfile(os.path.join(self.root, n, EVENTS_DIR, f"{1:09d}.json")))
+                      if _NAME.fullmatch(n) and os.path.isfile(os.path.join(self.root, n, EVENTS_DIR, f"{1:09d}.json")))
 
     def seqs(self, name: str, after: int) -> list[int]:
         try:
@@ -563,8 +563,8 @@ class Registry:
         Registering the same checkpoint (same id and location) again returns its existing version.
         `extra` keys named like Version fields (git_commit, config_hash, run_dir) override what is found."""
         _check_name(name)
+        ckpt = resolve(checkpoint, select)  # before the root is made: a bad checkpoint leaves nothing behind
         self._check_root(create=True)
-        ckpt = resolve(checkpoint, select)
         ckpt_id = ckpt.checkpoint_id
         location = ckpt.storage.uri()
         env = ckpt.metadata.env if ckpt.metadata else None
@@ -575,6 +575,8 @@ class Registry:
         for key in list(extra):
             if key in fields:
                 fields[key] = extra.pop(key)
+        if fields["run_dir"] and fields["config_hash"] is None:  # a run dir given by the caller
+            fields["config_hash"] = _config_hash(fields["run_dir"])
         if fields["git_commit"] is None:
             fields["git_commit"] = _cwd_git_commit()
 
@@ -726,6 +728,14 @@ def _run_info(ckpt: Checkpoint) -> dict[str, Any]:
     except (OSError, ValueError, CheckpointError):
         return {}
     return out
+
+
+def _config_hash(run_dir: str) -> str | None:
+    try:
+        run = Storage.open(run_dir, create=False)
+        return hashlib.sha256(run.read_bytes(CONFIG_FILE)).hexdigest() if run.is_file(CONFIG_FILE) else None
+    except (OSError, CheckpointError):
+        return None
 
 
 def _cwd_git_commit() -> str | None:

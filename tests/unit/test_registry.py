@@ -214,8 +214,9 @@ def test_provenance_env_and_changed_checkpoints(tmp_path, monkeypatch):
     assert v.checkpoint == final and v.run_dir == str(run) and v.extra == {"note": "nightly"}
     assert v.config_hash == hashlib.sha256(b"algo: ppo\n").hexdigest()
     assert v.git_commit and len(v.git_commit) == 40  # the tests run in a git checkout
-    other = make_ckpt(tmp_path / "other")
-    assert reg.register("cp", other, git_commit="abc123", run_dir="elsewhere").git_commit == "abc123"
+    other = make_ckpt(tmp_path / "other")  # not inside a run dir: the caller names the run and the commit
+    v2 = reg.register("cp", other, git_commit="abc123", run_dir=str(run))
+    assert (v2.git_commit, v2.run_dir, v2.config_hash) == ("abc123", str(run), v.config_hash)
 
     pong = make_ckpt(tmp_path / "pong", env="pong")
     with pytest.raises(RegistryError, match="env 'pong', policy 'cp' for 'cartpole'"):

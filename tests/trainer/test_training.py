@@ -7,7 +7,7 @@ import math
 import pytest
 import yaml
 
-from rl_checkpoint import BEST, FINAL, checkpoint_rel, resolve
+from rl_checkpoint import BEST, FINAL, Storage, checkpoint_rel, read_state, resolve
 from trainer_helpers import run_trainer, summary_of
 
 pytestmark = pytest.mark.slow
@@ -60,6 +60,40 @@ def test_cartpole_ppo_learns_and_writes_every_artifact(tmp_path):
     obs = torch.tensor(np.zeros((3, 4), np.float32))
     logits = module.forward_inference({"obs": obs})["action_dist_inputs"]
     assert tuple(logits.shape) == (3, 2) and torch.isfinite(logits).all()
+
+
+def test_greedy_evaluation_ranks_checkpoints_best(tmp_path):
+    """evaluation.interval=2: every 2nd iteration evaluates the greedy policy; checkpoints/best is the iteration
+    with the best eval return (not the training return), also between periodic checkpoints."""
+    out = tmp_path / "run"
+    proc = run_trainer(f"output_dir={out}", "evaluation.interval=2", "evaluation.episodes=4", "stop.iterations=8",
+                       "checkpoint.every_n_iterations=3", timeout=600)
+    summary = summary_of(proc)
+    rows = list(csv.DictReader((out / "progress.csv").open()))
+    evals = {int(r["iteration"]): float(r["eval_return_mean"]) for r in rows if r["eval_return_mean"]}
+    assert sorted(evals) == [2, 4, 6, 8], rows
+    assert all(int(r["eval_episodes"]) == 4 for r in rows if r["eval_return_mean"])
+    assert all(r["eval_episodes"] == "" for r in rows if not r["eval_return_mean"])
+    assert summary["eval_return_mean"] == pytest.approx(evals[8], abs=1e-3)
+    assert f"eval {evals[2]:8.2f} (4 ep)" in proc.stdout  # the progress line of an evaluated iteration
+    # Best: the latest iteration with the highest eval return; state.json and the checkpoint's metadata agree.
+    top = max(evals.values())
+    best_iter = max(i for i, v in evals.items() if v == top)
+    state = read_state(Storage.open(str(out), create=False))
+    assert state.best["judged_by"] == "eval_return_mean" and state.best["iteration"] == best_iter, (state.best, evals)
+    assert state.eval_return_mean == pytest.approx(evals[8])
+    assert summary["best_eval_return_mean"] == pytest.approx(top, abs=1e-3)
+    meta = resolve(str(out), BEST).metadata
+    assert meta.iteration == best_iter and meta.eval_return_mean == pytest.approx(top)
+    assert meta.episode_return_mean == pytest.approx(float(rows[best_iter - 1]["episode_return_mean"]))
+
+
+def test_stop_on_the_greedy_evaluation_return(tmp_path):
+    proc = run_trainer(f"output_dir={tmp_path}", "evaluation.interval=1", "evaluation.episodes=2",
+                       "stop.episode_return_mean=null", "stop.eval_return_mean=60", "stop.iterations=30", timeout=600)
+    summary = summary_of(proc)
+    assert summary["stop_reason"].startswith("eval_return_mean"), summary
+    assert summary["eval_return_mean"] >= 60 and summary["best_eval_return_mean"] >= 60
 
 
 def test_pong_ppo_smoke_one_tiny_iteration(tmp_path):

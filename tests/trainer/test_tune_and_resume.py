@@ -42,7 +42,7 @@ def test_kill_and_resume_continues_without_redoing_iterations(tmp_path):
     ray_tmp = short_tmp()
     args = [f"output_dir={out}", "checkpoint.every_n_iterations=1", "stop.episode_return_mean=null",
             "algo.train_batch_size=256", "algo.minibatch_size=64", "algo.num_epochs=2",
-            f"resources.ray_tmp_dir={ray_tmp}"]
+            "evaluation.interval=2", "evaluation.episodes=2", f"resources.ray_tmp_dir={ray_tmp}"]
     proc = subprocess.Popen(
         trainer_cmd(*args, "stop.iterations=500"), cwd=REPO, env=trainer_env(),
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
@@ -82,6 +82,13 @@ def test_kill_and_resume_continues_without_redoing_iterations(tmp_path):
     with open(out / "progress.csv") as f:
         rows = {int(r["iteration"]): r for r in csv.DictReader(f)}
     assert int(rows[done + 1]["return_window"]) >= 20
+    # The eval history carries over too: the evaluations before the kill stay in progress.csv, and best is still
+    # the best evaluation of the whole run (state.json kept the figure best was judged by).
+    evals = {i: float(r["eval_return_mean"]) for i, r in rows.items() if r["eval_return_mean"]}
+    assert sorted(evals) == list(range(2, done + 3, 2)), rows
+    assert killed_state.best["judged_by"] == "eval_return_mean"
+    assert summary["best_eval_return_mean"] == pytest.approx(max(evals.values()), abs=1e-3)
+    assert read_state(Storage.open(str(out), create=False)).best["eval_return_mean"] == pytest.approx(max(evals.values()))
     assert f"resumed from {out / checkpoint_rel(iter_name(done))} at iteration {done}" in rerun.stdout
 
 

@@ -172,7 +172,9 @@ class TuneConf:
     scheduler: str = "none"  # none | asha | hyperband | pbt
     num_samples: int = 1
     max_concurrent_trials: Optional[int] = None
-    # Mean return of the last 20 training episodes (trainer.callbacks), or any key of RLlib's result dict.
+    # What schedulers compare trials by (every iteration): the mean return of the last 20 training episodes
+    # (trainer.callbacks), or any key of RLlib's result dict. With this default and evaluation on, the best trial
+    # and checkpoint are chosen by the greedy eval return (`eval_return_mean`; trainer.tuning.rank_metric).
     metric: str = "episode_return_mean_last_n"
     mode: str = "max"
     # Search space over algo keys, e.g. {"lr": {"loguniform": [1e-4, 1e-3]}, "gamma": {"choice": [0.98, 0.99]}}.

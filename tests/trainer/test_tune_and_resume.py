@@ -18,10 +18,15 @@ def test_asha_sweep_two_trials(tmp_path):
     proc = run_trainer(
         "tune=asha", "tune.num_samples=2", "tune.grace_period=1", "tune.max_t=3", "stop.iterations=3",
         "algo.train_batch_size=256", "algo.minibatch_size=64", "algo.num_epochs=2", "checkpoint.every_n_iterations=1",
-        f"output_dir={tmp_path}", timeout=900,
+        "evaluation.interval=1", "evaluation.episodes=2", f"output_dir={tmp_path}", timeout=900,
     )
     summary = summary_of(proc)
     assert summary["trials"] == 2 and summary["trial_errors"] == []
+    # With evaluation on, the best trial and checkpoint are judged by the greedy eval return, as in the plain loop.
+    assert summary["best_judged_by"] == "eval_return_mean"
+    best = resolve(summary["best_checkpoint"]).metadata
+    assert best.eval_return_mean == pytest.approx(summary["best_eval_return_mean"])
+    assert summary["best_eval_return_mean"] >= summary["eval_return_mean"] - 1e-3
     assert 1e-4 <= summary["best_config"]["lr"] <= 3e-3  # sampled from the configured loguniform space
     ckpt = summary["checkpoint"]
     assert ckpt.startswith(str(tmp_path / "tune"))

@@ -5,6 +5,7 @@ or the Tune trial actor. Ray prefixes every name with `ray_`; counters gain `_to
 | exported name                                      | type    | what                                               |
 |----------------------------------------------------|---------|----------------------------------------------------|
 | ray_rl_train_episode_return_mean                   | gauge   | mean return of the last 20 training episodes       |
+| ray_rl_train_eval_return_mean                      | gauge   | mean return of the latest greedy evaluation        |
 | ray_rl_train_env_steps_sampled_total               | counter | env steps sampled (rate() = steps/s)               |
 | ray_rl_train_env_steps_per_second                  | gauge   | env steps sampled / s over the last iteration      |
 | ray_rl_train_learner_update_seconds                | gauge   | learner update time of the last iteration          |
@@ -27,10 +28,11 @@ import time
 
 from ray.rllib.callbacks.callbacks import RLlibCallback
 
-from trainer.callbacks import RETURN_MEAN_KEY
+from trainer.callbacks import EVAL_RETURN_KEY, RETURN_MEAN_KEY
 
 NAMES = {
     "return_mean": "rl_train_episode_return_mean",
+    "eval_return_mean": "rl_train_eval_return_mean",
     "env_steps": "rl_train_env_steps_sampled",
     "env_steps_per_s": "rl_train_env_steps_per_second",
     "learner_update_s": "rl_train_learner_update_seconds",
@@ -63,7 +65,8 @@ def _learners(algorithm) -> tuple[int, int]:
 
 
 class TrainingMetrics(RLlibCallback):
-    """Updates the metrics after every training iteration; runs after LastNEpisodeReturns (it reads its key)."""
+    """Updates the metrics after every training iteration; runs after LastNEpisodeReturns and EvalReturn (it reads
+    their keys)."""
 
     def __init__(self):
         super().__init__()
@@ -76,6 +79,7 @@ class TrainingMetrics(RLlibCallback):
             return m.Counter(NAMES[key], doc, tag_keys=TAG_KEYS)
 
         self.return_mean = gauge("return_mean", "Mean episode return over the last 20 training episodes.")
+        self.eval_return_mean = gauge("eval_return_mean", "Mean return of the latest greedy evaluation (explore=False).")
         self.env_steps = counter("env_steps", "Environment steps sampled by the env runners.")
         self.env_steps_per_s = gauge("env_steps_per_s", "Environment steps sampled per second, last iteration.")
         self.learner_update_s = gauge("learner_update_s", "Learner update time of the last iteration (s).")
@@ -109,6 +113,9 @@ class TrainingMetrics(RLlibCallback):
         ret = result.get(RETURN_MEAN_KEY)
         if ret is not None and math.isfinite(ret):
             self.return_mean.set(float(ret), tags)
+        ev = result.get(EVAL_RETURN_KEY)  # NaN in iterations without an evaluation: the gauge keeps the latest
+        if ev is not None and math.isfinite(ev):
+            self.eval_return_mean.set(float(ev), tags)
         steps = int(result.get("num_env_steps_sampled_lifetime") or 0)
         if steps > self._steps:
             self.env_steps.inc(steps - self._steps, tags)

@@ -40,6 +40,8 @@ HYDRA, VALUE = 1, 2
         (["algo.precision=fp16"], ["algo.precision=fp16 needs GPU learners", "bf16"], VALUE),
         (["algo.precision=fp8"], ["algo.precision", "fp8"], VALUE),
         (["debug.timeline=s3://b/t.json"], ["debug.timeline must be a local file path"], VALUE),
+        (["evaluation.episodes=0"], ["evaluation.episodes must be >= 1"], VALUE),
+        (["evaluation=off", "stop.eval_return_mean=400"], ["stop.eval_return_mean needs evaluation on"], VALUE),
     ],
 )
 def test_bad_config_fails_before_ray(overrides, needles, rc, tmp_path):

@@ -203,7 +203,8 @@ class EvaluationConf:
     # Dedicated eval env runner actors (on the rollout pool on a cluster, like the training ones); 0 = an env
     # runner in the driver, which evaluates between training iterations.
     num_env_runners: int = 0
-    # Evaluate on the eval env runners while the next training iteration runs (needs num_env_runners >= 1).
+    # Evaluate on the eval env runners while the training iteration runs (needs num_env_runners >= 1). RLlib then
+    # scores the weights the iteration started from: best is one update newer than the weights evaluated.
     parallel_to_training: bool = False
 
 

@@ -74,7 +74,6 @@ def test_gate_refuses_a_weak_policy_and_a_server_on_champion_follows_promote_and
     (serving_workdir / "lifecycle_server").mkdir()
     srv = ServerProcess(serving_workdir / "lifecycle_server", {"cp": ref})
     try:
-        srv.wait_event("ready", 240)
         info = requests.get(srv.base + "/v1/policies/cp", timeout=10).json()
         weak_id = resolve(cartpole_checkpoint).checkpoint_id
         assert info["checkpoint_id"] == weak_id

@@ -92,6 +92,11 @@ def run(cfg: DictConfig) -> dict:
             from trainer.tuning import finish_tune, run_tune
 
             result = finish_tune(cfg, storage, *run_tune(cfg, build_algo_config, storage, log))
+        if cfg.registry.root:  # on the run's Ray, before it shuts down (trainer.register)
+            from trainer.register import register_run
+
+            result.extra["registered"] = register_run(cfg, result.best_checkpoint or result.checkpoint,
+                                                      storage.location, log)
     finally:
         if cfg.debug.timeline:
             write_timeline(cfg.debug.timeline)

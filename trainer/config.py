@@ -249,6 +249,24 @@ class DebugConf:
 
 
 @dataclass
+class RegistryConf:
+    """Register the run's policy (trainer.register): when `root` is set, the best checkpoint (else the final one)
+    is evaluated greedily (rl-eval) when the run ends and added to the policy registry as the next version.
+    Promotion stays a decision: `rl-policy promote`, through the gate."""
+
+    # A folder or s3://bucket/prefix (rl_checkpoint.registry); None = do not register.
+    root: Optional[str] = None
+    # The policy's name in the registry; None = the experiment's name.
+    name: Optional[str] = None
+    # Greedy episodes of the evaluation recorded with the version (the gate's figures).
+    eval_episodes: int = 20
+    # Episode i resets with seed eval_seed + i.
+    eval_seed: int = 0
+    # Ray worker tasks playing them (on the rollout pool when resources.rollout_resource is set); 0 = the driver.
+    eval_workers: int = 2
+
+
+@dataclass
 class TrainConfig:
     # Name of the run (experiment presets set it); without a preset (`~experiment`) it is <env>_<algo>.
     experiment: str = "${env.name}_${algo.name}"
@@ -261,6 +279,7 @@ class TrainConfig:
     checkpoint: CheckpointConf = field(default_factory=CheckpointConf)
     fault_tolerance: FaultToleranceConf = field(default_factory=FaultToleranceConf)
     debug: DebugConf = field(default_factory=DebugConf)
+    registry: RegistryConf = field(default_factory=RegistryConf)
     # A local path or a URI pyarrow understands (s3://bucket/prefix, gs://...). None = outputs/<experiment>.
     output_dir: Optional[str] = None
     seed: Optional[int] = None

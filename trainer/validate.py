@@ -56,6 +56,7 @@ def validate(cfg) -> None:
                            "evaluate while it trains)")
     if s.eval_return_mean is not None and not ev.interval:
         raise TrainerError("stop.eval_return_mean needs evaluation on (evaluation.interval >= 1), not evaluation=off")
+    _check_registry(cfg)
     for key in ("env_steps", "iterations", "wall_s"):
         v = s[key]
         if v is not None and v <= 0:
@@ -118,3 +119,28 @@ def default_output_dir(cfg) -> str:
     except ValueError:
         pass
     return os.path.join("outputs", cfg.experiment, sub) if sub else os.path.join("outputs", cfg.experiment)
+
+
+def _check_registry(cfg) -> None:
+    """registry.*: a root the run could never register into fails now, not after hours of training."""
+    import os
+
+    reg = cfg.registry
+    if reg.eval_episodes < 1:
+        raise TrainerError(f"registry.eval_episodes must be >= 1, got {reg.eval_episodes}")
+    if reg.eval_workers < 0:
+        raise TrainerError(f"registry.eval_workers must be >= 0, got {reg.eval_workers}")
+    if not reg.root:
+        return
+    from rl_checkpoint import is_uri
+    from rl_checkpoint.registry import Registry, RegistryError, _check_name
+
+    try:
+        Registry(reg.root)
+        _check_name(reg.name or cfg.experiment)
+    except RegistryError as e:
+        raise TrainerError(f"registry: {e}") from None
+    if not is_uri(reg.root):
+        root = os.path.abspath(os.path.expanduser(reg.root))
+        if not os.path.isdir(root) and not os.path.isdir(os.path.dirname(root.rstrip("/")) or "/"):
+            raise TrainerError(f"registry.root {root} does not exist, nor its parent directory")

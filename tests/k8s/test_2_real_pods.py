@@ -20,7 +20,8 @@ from prometheus_client.parser import text_string_to_metric_families
 import yaml
 from kubernetes import client
 
-from rl_checkpoint import FINAL, Storage, checkpoint_rel, iter_name, read_state, resolve
+from rl_checkpoint import BEST, FINAL, Storage, checkpoint_rel, iter_name, read_eval_records, read_state, resolve
+from rl_checkpoint.registry import Registry
 from kubekit import NAMESPACE, ROOT, Cluster, first_doc, helm_path, all_scheduled, dump, sh, wait_until
 
 # Where the chart's shared storage lives on the host (hack/deploy-cluster.sh; kind mounts it into its nodes).
@@ -97,6 +98,14 @@ def test_cartpole_rayjob_succeeds_and_writes_its_checkpoint(real: Cluster):
     real.figures["level_b_cartpole_apply_to_succeeded_s"] = round(time.monotonic() - t0, 1)
     meta = resolve(str(final)).metadata
     assert meta is not None and meta.env and (meta.iteration or 0) >= 1, meta
+    # registry.root (k8s/values/cartpole.yaml): the run evaluated its best checkpoint on the cluster and registered
+    # it; the registry and the checkpoint's evaluation record are on the shared claim, as the host sees it.
+    best = resolve(str(HOST_STORAGE / "results" / "cartpole" / checkpoint_rel(BEST)))
+    records = [r for r in read_eval_records(best.storage) if r.checkpoint_id == best.checkpoint_id]
+    assert records and records[-1].episodes == 20 and records[-1].greedy, records
+    newest = Registry(str(HOST_STORAGE / "registry")).versions("cartpole_ppo")[-1]
+    assert newest.checkpoint_id == best.checkpoint_id and newest.checkpoint == "/mnt/rl-platform/results/cartpole/checkpoints/best"
+    assert records[-1].eval_id in [e["eval_id"] for e in newest.eval], newest
     real.delete_ray("rayjobs", name)
 
 
@@ -109,6 +118,7 @@ def _preempt_job() -> str:
     values = ROOT / "k8s" / "values" / "cartpole.yaml"
     overrides = yaml.safe_load(values.read_text())["rayJob"]["overrides"] + [
         f"stop.env_steps={PREEMPT_STEPS}", "stop.episode_return_mean=null", "checkpoint.every_n_iterations=0",
+        "registry.root=null",
         "algo.train_batch_size=1000", "algo.minibatch_size=250", "algo.num_epochs=1"]
     return sh(helm_path(), "template", "rl-platform", str(ROOT / "charts" / "rl-platform"), "--namespace", NAMESPACE,
               "-f", str(values), "--set", "rayJob.name=preempt", "--set", "rayJob.backoffLimit=1",

@@ -42,6 +42,9 @@ HYDRA, VALUE = 1, 2
         (["debug.timeline=s3://b/t.json"], ["debug.timeline must be a local file path"], VALUE),
         (["evaluation.episodes=0"], ["evaluation.episodes must be >= 1"], VALUE),
         (["evaluation=off", "stop.eval_return_mean=400"], ["stop.eval_return_mean needs evaluation on"], VALUE),
+        # A registry the run could never register into fails before training, not after it.
+        (["registry.root=/nonexistent-rlp/x/registry"], ["registry.root /nonexistent-rlp/x/registry does not exist"], VALUE),
+        (["registry.root=gs://bucket/registry"], ["scheme 'gs' is not supported"], VALUE),
     ],
 )
 def test_bad_config_fails_before_ray(overrides, needles, rc, tmp_path):

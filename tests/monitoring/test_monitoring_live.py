@@ -212,16 +212,18 @@ def live(tmp_path_factory):
         traffic = threading.Thread(target=_traffic, args=(f"http://127.0.0.1:{serve_port}", stop, counts),
                                    daemon=True)
         traffic.start()
-        # Training runs (about 30 s of CartPole, stopped by wall time, never "solved" early) until Prometheus has
-        # scraped every training series at least twice while the trainer was alive.
+        # Training runs (about 30 s of CartPole, stopped by wall time, never "solved" early; a greedy evaluation
+        # every 2nd iteration for the eval-return gauge) until Prometheus has scraped every training series at least
+        # twice while the trainer was alive.
         train = subprocess.Popen(
             [sys.executable, "-m", "trainer", f"resources.address={head.address}", f"output_dir={work / 'train'}",
              "stop.episode_return_mean=null", "stop.env_steps=null", "stop.wall_s=30",
-             "checkpoint.every_n_iterations=2"],
+             "checkpoint.every_n_iterations=2", "evaluation.interval=2", "evaluation.episodes=2"],
             cwd=ROOT, env=_env(), stdout=open(work / "train.log", "w"), stderr=subprocess.STDOUT)
         procs.append(train)
         # The Serve replica's own gauges too: on a loaded machine its metrics reach the agent seconds after traffic.
-        needed = ("ray_rl_train_episode_return_mean", "ray_rl_train_last_checkpoint_timestamp_seconds",
+        needed = ("ray_rl_train_episode_return_mean", "ray_rl_train_eval_return_mean",
+                  "ray_rl_train_last_checkpoint_timestamp_seconds",
                   "ray_rl_train_learner_update_seconds", "rl_platform:serve_requests:rate5m",
                   "ray_serve_deployment_replica_healthy", "ray_rl_serve_policy_info")
         gauges = " and ".join(f"count(count_over_time({n}[1m]) >= 2)" for n in needed)

@@ -41,9 +41,10 @@ def write_timeline(path: str) -> None:
 
 def run(cfg: DictConfig) -> dict:
     """Compose-time checks already passed (types, keys); check values, then train. Returns the summary."""
-    from trainer.validate import default_output_dir, validate
+    from trainer.validate import check_registry_root, default_output_dir, validate
 
     validate(cfg)
+    check_registry_root(cfg)
     if cfg.output_dir is None:
         cfg.output_dir = default_output_dir(cfg)
 

@@ -123,8 +123,6 @@ def default_output_dir(cfg) -> str:
 
 def _check_registry(cfg) -> None:
     """registry.*: a root the run could never register into fails now, not after hours of training."""
-    import os
-
     reg = cfg.registry
     if reg.eval_episodes < 1:
         raise TrainerError(f"registry.eval_episodes must be >= 1, got {reg.eval_episodes}")
@@ -132,7 +130,6 @@ def _check_registry(cfg) -> None:
         raise TrainerError(f"registry.eval_workers must be >= 0, got {reg.eval_workers}")
     if not reg.root:
         return
-    from rl_checkpoint import is_uri
     from rl_checkpoint.registry import Registry, RegistryError, _check_name
 
     try:
@@ -140,7 +137,17 @@ def _check_registry(cfg) -> None:
         _check_name(reg.name or cfg.experiment)
     except RegistryError as e:
         raise TrainerError(f"registry: {e}") from None
-    if not is_uri(reg.root):
-        root = os.path.abspath(os.path.expanduser(reg.root))
+
+
+def check_registry_root(cfg) -> None:
+    """In the process that trains (not where `rl-submit` renders a cluster job: a pod path is not a local one):
+    a local registry root must exist, or its parent so that the first registration can create it."""
+    import os
+
+    from rl_checkpoint import is_uri
+
+    root = cfg.registry.root
+    if root and not is_uri(root):
+        root = os.path.abspath(os.path.expanduser(root))
         if not os.path.isdir(root) and not os.path.isdir(os.path.dirname(root.rstrip("/")) or "/"):
             raise TrainerError(f"registry.root {root} does not exist, nor its parent directory")

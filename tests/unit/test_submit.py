@@ -91,7 +91,7 @@ def test_dry_run_prints_only_the_rayjob_of_the_chart_with_the_overrides_last():
     assert argv == ["python", "-m", "trainer", "experiment=cartpole_ppo", "resources=cluster",
                     "output_dir=/mnt/rl-platform/results/cartpole/rl-platform-t1",
                     "resources.num_gpus_per_learner=0", "resources.num_env_runners=2",
-                    "algo.lr=5e-4", "resources.num_env_runners=1"]
+                    "registry.root=/mnt/rl-platform/registry", "algo.lr=5e-4", "resources.num_env_runners=1"]
     # Cluster shape straight from the chart + k8s/values/cartpole.yaml (its own RayCluster, restricted pods).
     groups = {g["groupName"] for g in spec["rayClusterSpec"]["workerGroupSpecs"]}
     assert groups == {"rollout-cpu", "learner-cpu"}

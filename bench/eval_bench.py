@@ -87,8 +87,87 @@ def solve(rounds: int, target: float) -> dict[str, Any]:
             "ratio_over_off": ratios, "runs": runs}
 
 
+def _solved_checkpoint(target: float) -> str:
+    """One CartPole PPO run to the target: long greedy episodes, the case evaluation throughput matters for."""
+    out = Path(tempfile.mkdtemp(prefix="bench-eval-ckpt-"))
+    env = dict(os.environ)
+    env.pop("RAY_ADDRESS", None)
+    s = benchkit.timed_json_run([sys.executable, "-m", "trainer", f"output_dir={out}", f"stop.episode_return_mean={target}",
+                                 "evaluation=off", f"resources.ray_tmp_dir={tempfile.mkdtemp(prefix='rb', dir='/tmp')}"], env)
+    return s["checkpoint"]
+
+
+def rl_eval(rounds: int, episodes: int, checkpoint: str | None, target: float) -> dict[str, Any]:
+    """rl-eval episodes/s: in this process vs through the policy server's HTTP API (one client, a request per step),
+    and the `rl-eval` command (its process start-up included) in process vs on two Ray workers (Ray's start-up
+    included), interleaved on the same seeds; the returns must agree everywhere."""
+    import subprocess
+    import time
+
+    sys.path[:0] = [str(benchkit.REPO), str(benchkit.REPO / "tests")]
+    from serve_bench import stop_server, wait_ready
+    from trainer_helpers import free_ports
+
+    from rl_eval.cli import evaluate
+
+    ckpt = checkpoint or _solved_checkpoint(target)
+    work = Path(tempfile.mkdtemp(prefix="bench-rleval-", dir="/tmp"))
+    port, metrics_port, proxy_port = free_ports(3)
+    log = open(work / "server.log", "w")
+    server = subprocess.Popen([sys.executable, "-m", "serving", "--policy", f"p={ckpt}", "--port", str(port),
+                               "--proxy-port", str(proxy_port), "--metrics-port", str(metrics_port),
+                               "--temp-dir", str(work / "ray")], cwd=benchkit.REPO,
+                              stdout=subprocess.PIPE, stderr=log, text=True)
+    try:
+        wait_ready(server, work / "server.log")
+        url = f"http://127.0.0.1:{port}"
+
+        def run(**kw) -> Callable[[], dict]:
+            def go() -> dict:
+                t0 = time.perf_counter()
+                rec, _ = evaluate(ckpt, episodes=episodes, record=False, **kw)
+                wall = time.perf_counter() - t0
+                steps = sum(rec.lengths)
+                return {"wall_s": round(wall, 3), "episodes_per_s": round(episodes / wall, 2),
+                        "steps_per_s": round(steps / wall, 1), "mean": rec.mean, "returns": rec.returns}
+            return go
+
+        def cli(*args: str) -> Callable[[], dict]:
+            # A process of its own: the embedded Ray's token auth must be set before `import ray`, which the
+            # in-process variants have done in this one. Its wall includes the process and Ray start-up.
+            def go() -> dict:
+                t0 = time.perf_counter()
+                out = subprocess.run([sys.executable, "-m", "rl_eval", ckpt, "--episodes", str(episodes), "--no-record",
+                                      "--json", *args], cwd=benchkit.REPO, capture_output=True, text=True, timeout=900)
+                wall = time.perf_counter() - t0
+                if out.returncode != 0:
+                    raise SystemExit(f"rl-eval failed: {out.stderr[-2000:]}")
+                rec = json.loads(out.stdout.strip().splitlines()[-1])
+                return {"wall_s": round(wall, 3), "episodes_per_s": round(episodes / wall, 2),
+                        "steps_per_s": round(sum(rec["lengths"]) / wall, 1), "mean": rec["mean"], "returns": rec["returns"]}
+            return go
+
+        variants = {"in_process": run(workers=0), "server_1_client": run(workers=1, server=url, policy="p"),
+                    "cli_ray_2_workers": cli("--workers", "2"), "cli_in_process": cli("--workers", "0")}
+        runs = benchkit.interleave(variants, rounds, lambda name, r: (
+            f"{r['episodes_per_s']:7.2f} episodes/s  {r['steps_per_s']:9.1f} steps/s  mean return {r['mean']:.1f}"))
+    finally:
+        stop_server(server)
+        log.close()
+    med = {name: {k: benchkit.median(rows, k) for k in ("wall_s", "episodes_per_s", "steps_per_s")}
+           for name, rows in runs.items()}
+    same = all(r["returns"] == runs["in_process"][0]["returns"] for rows in runs.values() for r in rows)
+    base = med["in_process"]["steps_per_s"]
+    return {"what": f"rl-eval, {episodes} greedy CartPole episodes of a solved policy (seeds 0..{episodes - 1})",
+            "checkpoint": ckpt, "episodes": episodes, "rounds": rounds, "median": med,
+            "ratio_over_in_process": {n: round(m["steps_per_s"] / base, 3) for n, m in med.items()},
+            "same_returns_in_every_variant": same,
+            "runs": {n: [{k: v for k, v in r.items() if k != "returns"} for r in rows] for n, rows in runs.items()}}
+
+
 SECTIONS: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
     "solve": lambda a: solve(a.rounds, a.target),
+    "rl_eval": lambda a: rl_eval(a.rounds, a.episodes, a.checkpoint, a.target),
 }
 
 
@@ -96,6 +175,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--target", type=float, default=450.0)
+    ap.add_argument("--episodes", type=int, default=20, help="rl_eval section: greedy episodes per variant")
+    ap.add_argument("--checkpoint", default=None, help="rl_eval section: a solved CartPole checkpoint (else trains one)")
     ap.add_argument("--section", action="append", choices=sorted(SECTIONS),
                     help="section to run (repeatable; default: all)")
     args = ap.parse_args()
@@ -107,6 +188,8 @@ def main() -> None:
         report[name]["machine"] = benchkit.machine(load)
     report.pop("command", None)
     benchkit.write(NAME, {"command": "bench/eval_bench.py " + " ".join(sys.argv[1:]), **report})
+    for name, m in (report.get("rl_eval", {}).get("median") or {}).items():
+        print(f"rl-eval {name:16s} {m['episodes_per_s']} episodes/s  {m['steps_per_s']} steps/s", flush=True)
     solve_med = report.get("solve", {}).get("median")
     if solve_med:
         for name, m in solve_med.items():

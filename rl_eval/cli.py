@@ -128,7 +128,7 @@ def evaluate(location: str, *, episodes: int = 20, seed: int = 0, workers: int =
              worker_resource: str | None = None, ray_tmp_dir: str | None = None, server: str | None = None,
              policy: str | None = None, timeout_s: float = 10.0, record: bool = True):
     """The library form of `rl-eval`: -> (EvalRecord, where it was written or None). Raises EvalError/CheckpointError."""
-    from rl_checkpoint import EvalRecord, write_eval_record
+    from rl_checkpoint import CheckpointError, EvalRecord, write_eval_record
     from rl_eval import episodes as ep
 
     ckpt, _ = target(location, select)
@@ -162,7 +162,10 @@ def evaluate(location: str, *, episodes: int = 20, seed: int = 0, workers: int =
         checkpoint_id=ckpt.checkpoint_id, env=env_name, returns=[e.ret for e in played],
         lengths=[e.length for e in played], seeds=[e.seed for e in played], wall_s=time.time() - t0,
         env_config=env_config, checkpoint=ckpt.location, max_episode_steps=max_episode_steps, **extra)
-    where = write_eval_record(ckpt.storage, rec) if record else None
+    try:
+        where = write_eval_record(ckpt.storage, rec) if record else None
+    except CheckpointError as e:  # a read-only checkpoint, a store gone meanwhile: keep the figures in the message
+        raise ep.EvalError(f"{e} (rerun with --no-record to only print); evaluated: {rec.line()}") from None
     return rec, where
 
 

@@ -100,10 +100,14 @@ def check_env_matches(pol, env: Any, env_name: str) -> None:
 def play_local(checkpoint: str, env_name: str, env_config: dict[str, Any], seeds: Sequence[int],
                max_episode_steps: int | None, torch_threads: int = 1) -> list[Episode]:
     """Load the policy here and play `seeds` (also the body of a Ray worker task)."""
+    import logging
+
     import torch
 
     from rl_checkpoint import CheckpointError
 
+    # RLlib's deprecation note for the inference-only twin the server builds too (serving.inference): noise here.
+    logging.getLogger("ray._common.deprecation").setLevel(logging.ERROR)
     torch.set_num_threads(torch_threads)
     try:
         pol = load_policy(checkpoint)

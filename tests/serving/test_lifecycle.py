@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 import requests
 
-from conftest import REPO, ServerProcess, subprocess_env
+from conftest import REPO, ServerProcess, metric_samples, scrape, subprocess_env
 from rl_checkpoint import read_eval_records, resolve
+from trainer_helpers import wait_for
 
 pytestmark = [pytest.mark.serve, pytest.mark.slow]
 
@@ -98,6 +99,10 @@ def test_gate_refuses_a_weak_policy_and_a_server_on_champion_follows_promote_and
         assert set(ids[switch:]) == {good_id}, "the version flapped after the switch"
         info = requests.get(srv.base + "/v1/policies/cp", timeout=10).json()
         assert info["registry"]["version"] == 2 and info["evaluation"]["eval_id"] == good["eval_id"], info
+        # The metrics say which registry version serves and how it evaluated.
+        wait_for(lambda: _served_version_metrics(srv, good_id), 90, "policy_info{version=2} and the eval gauge",
+                 interval=1, on_timeout=lambda: "\n".join(l for l in scrape(srv.metrics_url).splitlines()
+                                                          if "rl_serve_policy_" in l))
 
         # Train/serve parity: the same seeds through the HTTP API give the same per-episode returns.
         served = eval_json(ref, "--episodes", "5", "--server", srv.base, "--policy", "cp", "--no-record")
@@ -113,6 +118,15 @@ def test_gate_refuses_a_weak_policy_and_a_server_on_champion_follows_promote_and
     finally:
         rc = srv.stop()
     assert rc == 0, srv.log_tail()
+
+
+def _served_version_metrics(srv: ServerProcess, checkpoint_id: str) -> bool:
+    text = scrape(srv.metrics_url)
+    info = metric_samples(text, "ray_rl_serve_policy_info", policy="cp", checkpoint_id=checkpoint_id, version="2",
+                          alias="champion")
+    ev = metric_samples(text, "ray_rl_serve_policy_eval_return", policy="cp", checkpoint_id=checkpoint_id,
+                        stat="ci95_low")
+    return bool(info) and info[0][1] == 1.0 and bool(ev) and ev[0][1] >= 475
 
 
 def _hammer_during(srv: ServerProcess, action, clients: int = 4) -> list[tuple[int | str, str | None]]:
@@ -188,3 +202,11 @@ def test_rl_eval_missing_checkpoint_and_unknown_server_policy(server, cartpole_c
     proc = rl_eval(cartpole_checkpoint, "--server", server.base, "--policy", "pong", "--env", "cartpole")
     assert proc.returncode == 2 and "serves checkpoint" in proc.stderr, proc.stderr
     assert read_eval_records(resolve(cartpole_checkpoint).storage) == before, "a failed evaluation left a record"
+
+
+def test_rl_eval_records_into_an_s3_checkpoint(s3_run):
+    """A run on object storage: rl-eval resolves it (latest), plays, and adds its record next to the checkpoint."""
+    rec = eval_json(s3_run, "--episodes", "3", "--workers", "0", "--seed", "5")
+    ckpt = resolve(s3_run)
+    assert rec["checkpoint_id"] == ckpt.checkpoint_id and rec["seeds"] == [5, 6, 7]
+    assert rec["eval_id"] in [r.eval_id for r in read_eval_records(ckpt.storage)]

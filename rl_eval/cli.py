@@ -70,10 +70,9 @@ def _check(a: argparse.Namespace) -> None:
 def target(location: str, select: str = "latest"):
     """-> (resolved Checkpoint, registry Version or None)."""
     from rl_checkpoint import resolve
+    from rl_checkpoint.registry import is_registry_ref, resolve_ref
 
-    if location.startswith("registry:"):
-        from rl_checkpoint.registry import resolve_ref
-
+    if is_registry_ref(location):
         version, ckpt = resolve_ref(location)
         return ckpt, version
     return resolve(location, select, base_dir=os.getcwd()), None
@@ -175,16 +174,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     a = _args(argv)
     try:
-        from rl_checkpoint.registry import RegistryError
-    except ImportError:  # the registry module is optional for plain checkpoints
-        RegistryError = CheckpointError  # noqa: N806
-    try:
         _check(a)
         rec, where = evaluate(a.checkpoint, episodes=a.episodes, seed=a.seed, workers=a.workers, select=a.select,
                               max_episode_steps=a.max_episode_steps, env=a.env, address=a.address,
                               worker_resource=a.worker_resource, ray_tmp_dir=a.ray_tmp_dir, server=a.server,
                               policy=a.policy, timeout_s=a.timeout, record=not a.no_record)
-    except (EvalError, CheckpointError, RegistryError) as e:
+    except (EvalError, CheckpointError) as e:  # RegistryError is a CheckpointError
         print(f"error: {e}", file=sys.stderr, flush=True)
         return 2
     except KeyboardInterrupt:

@@ -95,7 +95,8 @@ def with_overrides(
 def _checked_location(name: str, location: str) -> str:
     """An absolute path (local) or the URI unchanged, after checking the checkpoint's layout (no torch)."""
     from rl_checkpoint import CheckpointError, is_uri
-    from serving.policy import is_registry_ref, resolve_checkpoint
+    from rl_checkpoint.registry import is_registry_ref
+    from serving.policy import resolve_checkpoint
 
     if not is_uri(location) and not is_registry_ref(location):
         p = Path(location).expanduser()

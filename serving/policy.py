@@ -20,6 +20,7 @@ import numpy as np
 
 from rl_checkpoint import (METADATA_FILE, Checkpoint, CheckpointError, CheckpointMetadata, latest_eval, read_eval_records,
                            redact, resolve)
+from rl_checkpoint.registry import RegistryError, is_registry_ref, parse_ref, resolve_ref
 from serving.codec import space_to_json
 from serving.config import ServingLimits
 from serving.inference import GreedyActions, Inference
@@ -31,13 +32,6 @@ logger = logging.getLogger("serving")
 METADATA_SOURCES = (METADATA_FILE, "module")  # metadata from the checkpoint's record, or the module's spaces only
 
 
-REGISTRY_PREFIX = "registry:"
-
-
-def is_registry_ref(location: str | os.PathLike) -> bool:
-    return str(location).startswith(REGISTRY_PREFIX)
-
-
 def resolve_source(location: str | os.PathLike) -> tuple[Checkpoint, dict[str, Any] | None]:
     """-> (the checkpoint at `location`, what the registry says of it or None).
 
@@ -47,8 +41,6 @@ def resolve_source(location: str | os.PathLike) -> tuple[Checkpoint, dict[str, A
     loc = str(location)
     if not is_registry_ref(loc):
         return resolve(loc, base_dir=os.environ.get("RL_PLATFORM_ROOT") or os.getcwd()), None
-    from rl_checkpoint.registry import RegistryError, parse_ref, resolve_ref
-
     try:
         _, name, ref = parse_ref(loc)
         version, ckpt = resolve_ref(loc)

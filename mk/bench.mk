@@ -4,7 +4,7 @@ BENCH_ROUNDS ?= 3
 
 .PHONY: bench bench-startup bench-train bench-sampling bench-broadcast bench-tune bench-ddp
 
-bench: bench-startup bench-train bench-sampling bench-broadcast bench-tune bench-ddp serve-bench ## Run every benchmark (tens of minutes on 2 cores) -> bench/results/*.json + *.png
+bench: bench-startup bench-train bench-sampling bench-broadcast bench-tune bench-ddp serve-bench canary-bench ## Run every benchmark (tens of minutes on 2 cores) -> bench/results/*.json + *.png
 
 bench-startup: venv ## Start-up phases of the trainer, before/after, per change -> bench/results/startup_bench.*
 	$(PY) bench/startup_bench.py --rounds $(BENCH_ROUNDS)

@@ -12,7 +12,7 @@ SERVE_INGRESS ?= direct
 # Extra `python -m serving` flags, e.g. SERVE_ARGS="--policy pong=outputs/pong_ppo/checkpoints/final".
 SERVE_ARGS ?=
 
-.PHONY: serve test-serve export-policy serve-bench serve-soak
+.PHONY: serve test-serve export-policy serve-bench canary-bench serve-soak
 
 serve: venv ## Serve CHECKPOINT (default: the `make train` output) on 127.0.0.1:8000 with an embedded Ray
 	$(PY) -m serving --checkpoint $(CHECKPOINT) --host $(SERVE_HOST) --port $(SERVE_PORT) \
@@ -26,6 +26,9 @@ export-policy: venv ## Export CHECKPOINT to TorchScript (CHECKPOINT/export/polic
 
 serve-bench: venv ## Benchmark the policy server (latency, 8-client throughput, in-process floor) -> bench/results/serve_bench.json
 	$(PY) bench/serve_bench.py $(if $(wildcard $(CHECKPOINT)),--checkpoint $(CHECKPOINT),)
+
+canary-bench: venv ## What a candidate costs: no candidate vs a 10% split vs shadow, side by side -> bench/results/canary_bench.json
+	$(PY) bench/canary_bench.py $(if $(wildcard $(CHECKPOINT)),--checkpoint $(CHECKPOINT),)
 
 SOAK_MINUTES ?= 5
 serve-soak: venv ## Soak the policy server: SOAK_MINUTES at 8 clients, errors + RSS over time -> bench/results/soak_serve.json

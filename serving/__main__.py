@@ -4,12 +4,14 @@ Examples:
   python -m serving --checkpoint outputs/cartpole_ppo/checkpoints/final
   python -m serving --policy cartpole=outputs/cartpole_ppo/checkpoints/final --policy pong=outputs/pong_ppo/checkpoints/final
   python -m serving --checkpoint 's3://bucket/runs/cartpole?endpoint_override=minio:9000&scheme=http'  (a run: its latest)
-Send SIGHUP to re-read the config and checkpoints (a zero-downtime reload); Ctrl-C stops.
+Send SIGHUP to re-read the config and checkpoints (a zero-downtime reload); a changed --config file is applied
+by itself too (its content is polled about once a second; --no-watch turns that off). Ctrl-C stops.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import signal
 import sys
@@ -42,7 +44,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="token authentication on the embedded Ray (default: %(default)s); 'disabled' lets any "
                         "local process run code through Ray. Ignored with --address.")
     p.add_argument("--ready-timeout", type=float, default=180.0)
+    p.add_argument("--no-watch", dest="watch", action="store_false",
+                   help="do not apply a changed --config file by itself (SIGHUP still reloads)")
     return p.parse_args(argv)
+
+
+WATCH_INTERVAL_S = 0.5  # a change is applied once the file has read the same on two polls in a row
+
+
+def _digest(path: str) -> str | None:
+    try:
+        with open(path, "rb") as f:
+            return hashlib.sha256(f.read()).hexdigest()
+    except OSError:
+        return None
 
 
 def _config(args: argparse.Namespace, revision: str | None = None) -> dict:
@@ -61,6 +76,7 @@ def _config(args: argparse.Namespace, revision: str | None = None) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    started_digest = _digest(args.config)
     try:
         cfg = _config(args)
     except launch.LaunchError as e:
@@ -81,17 +97,32 @@ def main(argv: list[str] | None = None) -> int:
         print(f"serving {', '.join(pols)} at {base}  (metrics: http://127.0.0.1:{args.metrics_port}/metrics)", flush=True)
         print(f"  curl -s {base}/v1/policies/{first}/act -H 'Content-Type: application/json' "
               f"-d '{{\"observation\": [0.0, 0.0, 0.0, 0.0]}}'", flush=True)
-        print(json.dumps({"event": "ready", "url": base, "policies": list(pols)}), flush=True)
-        while not stop.wait(0.5):
+        print(json.dumps({"event": "ready", "url": base, "policies": list(pols), "watch": args.watch}), flush=True)
+        # The config file's content as last applied / last tried, and a change seen once (applied when it reads
+        # the same on the next poll: a writer that does not replace the file atomically is not caught halfway).
+        applied = attempted = pending = started_digest
+        while not stop.wait(WATCH_INTERVAL_S):
+            trigger = None
             if reload.is_set():
                 reload.clear()
-                try:
-                    cfg = _config(args, revision=f"sighup-{time.time():.3f}")
-                    launch.deploy(cfg, base_url=base)
-                    print(json.dumps({"event": "reloaded", "url": base}), flush=True)
-                except launch.LaunchError as e:
-                    launch.print_err(f"reload failed, still serving the previous checkpoint: {e}")
-                    print(json.dumps({"event": "reload_failed", "error": str(e)}), flush=True)
+                trigger = "sighup"
+            elif args.watch:
+                d = _digest(args.config)
+                if d is not None and d not in (applied, attempted):
+                    if d == pending:
+                        trigger = "config_changed"
+                    pending = d
+            if trigger is None:
+                continue
+            attempted = pending = _digest(args.config)
+            try:
+                cfg = _config(args, revision=f"sighup-{time.time():.3f}" if trigger == "sighup" else None)
+                launch.deploy(cfg, base_url=base)
+                applied = attempted
+                print(json.dumps({"event": "reloaded", "url": base, "trigger": trigger}), flush=True)
+            except launch.LaunchError as e:
+                launch.print_err(f"reload failed, still serving the previous checkpoint: {e}")
+                print(json.dumps({"event": "reload_failed", "error": str(e), "trigger": trigger}), flush=True)
         return 0
     except launch.LaunchError as e:
         launch.print_err(str(e))

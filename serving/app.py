@@ -9,6 +9,9 @@ checkpoint, batch size or limit is applied by `reconfigure` in the running repli
 Checkpoints may be local paths or URIs (s3://, gs://, ...): remote ones are downloaded into a per-replica cache
 directory ($RL_PLATFORM_CHECKPOINT_CACHE, else the temp dir) holding one copy per served policy; a copy is
 deleted when its policy is replaced or removed, and when the replica stops.
+
+A policy name may serve a champion and a candidate (split or shadow traffic, sticky sessions, episode feedback,
+per-version figures): that logic lives in `serving/versions.py`; this module parses requests and routes to it.
 """
 
 from __future__ import annotations
@@ -23,20 +26,21 @@ import tempfile
 import time
 from typing import Any, Mapping
 
-import numpy as np
 from ray import serve
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from rl_checkpoint import redact
-from serving.config import SESSION_ID_MAX_LEN, ServerConfig, ServerKnobs
+from serving.config import ServerConfig, ServerKnobs
 from serving.errors import ApiError, CheckpointError, bad_request
 from serving.metrics import ServerMetrics
-from serving.policy import LoadedPolicy, resolve_source
+from serving.policy import LoadedPolicy
+from serving.versions import Loaded, PolicyVersions, load_versions
 
 logger = logging.getLogger("ray.serve")
 
-_POLICY_PATH = re.compile(r"^/v1/policies/([^/]+)(/act|/act_batch|/sessions/[^/]+)?/?$")
+_POLICY_PATH = re.compile(r"^/v1/policies/([^/]+)(/act|/act_batch|/feedback|/stats|/sessions/[^/]+)?/?$")
+_ENDPOINTS = {"/act": "act", "/act_batch": "act_batch", "/feedback": "feedback", "/stats": "stats"}
 _JSON = "application/json"
 
 
@@ -50,47 +54,6 @@ def _json_response(body: Any, status: int = 200, headers: Mapping[str, str] | No
     )
 
 
-class _Batcher:
-    """Per-policy dynamic batching with `serve.batch`: concurrent single-observation requests share one forward.
-
-    A queue per policy name keeps policies from being mixed; items carry the policy object they were validated
-    against, so a batch that straddles a reload still runs each observation on the matching module.
-    """
-
-    def __init__(self, name: str, metrics: ServerMetrics, max_batch_size: int, timeout_s: float):
-        self.name = name
-        self.metrics = metrics
-
-        async def run(items: list[tuple[LoadedPolicy, np.ndarray]]) -> list[Any]:
-            return self.forward(items)
-
-        self.submit = serve.batch(max_batch_size=max_batch_size, batch_wait_timeout_s=timeout_s)(run)
-
-    def configure(self, max_batch_size: int, timeout_s: float) -> None:
-        self.submit.set_max_batch_size(max_batch_size)
-        self.submit.set_batch_wait_timeout_s(timeout_s)
-
-    def forward(self, items: list[tuple[LoadedPolicy, np.ndarray]]) -> list[Any]:
-        pol = items[0][0]
-        if all(p is pol for p, _ in items):
-            return self._run(pol, np.stack([o for _, o in items]))
-        out: list[Any] = [None] * len(items)
-        groups: dict[int, list[int]] = {}
-        for i, (p, _) in enumerate(items):
-            groups.setdefault(id(p), []).append(i)
-        for idxs in groups.values():
-            p = items[idxs[0]][0]
-            for i, a in zip(idxs, self._run(p, np.stack([items[i][1] for i in idxs]))):
-                out[i] = a
-        return out
-
-    def _run(self, pol: LoadedPolicy, batch: np.ndarray) -> list[Any]:
-        t0 = time.perf_counter()
-        actions = pol.act(batch)
-        self.metrics.forward(self.name, len(batch), (time.perf_counter() - t0) * 1e3)
-        return actions
-
-
 # ------------------------------------------------------------------------------------------------ deployment
 
 
@@ -102,8 +65,8 @@ class PolicyServer:
         # One replica = one CPU by default; more intra-op threads only oversubscribe a shared node.
         threads = int(torch_threads or os.environ.get("RL_SERVE_TORCH_THREADS", "1"))
         torch.set_num_threads(threads)
-        self._policies: dict[str, LoadedPolicy] = {}
-        self._batchers: dict[str, _Batcher] = {}
+        # Per policy name: its champion, optional candidate, sticky sessions and figures (serving/versions.py).
+        self._policies: dict[str, PolicyVersions] = {}
         self._config: ServerConfig | None = None
         self._metrics = ServerMetrics()
         self._reload_lock = asyncio.Lock()
@@ -114,6 +77,10 @@ class PolicyServer:
         cache_root = os.environ.get("RL_PLATFORM_CHECKPOINT_CACHE") or tempfile.gettempdir()
         os.makedirs(cache_root, exist_ok=True)
         self._cache_dir = tempfile.mkdtemp(prefix="rl-platform-replica-", dir=cache_root)
+        try:
+            self._replica = serve.get_replica_context().replica_id.unique_id
+        except Exception:  # outside a Serve replica (never in production)
+            self._replica = f"{os.uname().nodename}-{os.getpid()}"
 
     def __del__(self) -> None:  # Serve calls it when the replica stops
         shutil.rmtree(getattr(self, "_cache_dir", ""), ignore_errors=True)
@@ -152,59 +119,61 @@ class PolicyServer:
         self._config_error = None
         return cfg
 
-    async def _load_changed(self, cfg: ServerConfig, first: bool) -> tuple[dict[str, LoadedPolicy], dict[str, Any]]:
-        """-> (policy per name: newly loaded or the current one, reload errors per name)."""
-        new: dict[str, LoadedPolicy] = {}
+    async def _load_changed(self, cfg: ServerConfig, first: bool) -> tuple[dict[str, Loaded], dict[str, Any]]:
+        """-> (versions per name: newly loaded or the current objects, reload errors per name).
+
+        A champion that cannot load keeps the policy's current versions (or leaves a new name out); a candidate
+        that cannot load is reported on the policy itself (`candidate_error`) while its champion serves."""
+        new: dict[str, Loaded] = {}
         errors: dict[str, dict[str, Any]] = {}
         try:
             for name, ckpt in cfg.policies.items():
                 cur = self._policies.get(name)
-                if cur is not None and not await asyncio.to_thread(self._changed, cur, ckpt, cfg):
-                    new[name] = cur
-                    continue
                 try:
-                    pol = await asyncio.to_thread(LoadedPolicy.load, name, ckpt, cfg.limits, self._cache_dir)
+                    new[name] = await load_versions(name, ckpt, cfg.candidates.get(name), cur, cfg.limits,
+                                                    self._cache_dir, self._metrics)
                 except CheckpointError as e:
                     self._metrics.reload(name, ok=False)
                     logger.error("policy %r: %s", name, e)
                     if first:
                         raise CheckpointError(f"policy {name!r}: {e}") from None
                     errors[name] = {"checkpoint": redact(ckpt), "error": str(e), "at": time.time()}
-                    if cur is not None:
-                        new[name] = cur  # keep serving the previous checkpoint
+                    if cur is not None:  # keep serving what it serves (champion, candidate and weights)
+                        new[name] = Loaded(cur.champion.pol, cur.candidate.pol if cur.candidate else None,
+                                           cur.spec, cur.candidate_error)
                     # else: a policy this reload adds is not served; the others are (raising would stop them)
-                    continue
-                if cur is not None:
-                    pol.carry_sessions_from(cur)
-                new[name] = pol
         except BaseException:
-            for name, pol in new.items():
-                if pol is not self._policies.get(name):
-                    pol.release()
+            served = {id(p) for vs in self._policies.values() for p in vs.policies()}
+            for loaded in new.values():
+                for pol in (loaded.champion, loaded.candidate):
+                    if pol is not None and id(pol) not in served:
+                        pol.release()
             raise
         return new, errors
 
-    def _swap(self, cfg: ServerConfig, new: dict[str, LoadedPolicy], errors: dict[str, Any]) -> None:
+    def _swap(self, cfg: ServerConfig, new: dict[str, Loaded], errors: dict[str, Any]) -> None:
         """Serve `new` from now on; report the change; drop what the old policies held."""
-        for name, pol in new.items():
-            old = self._policies.get(name)
+        replaced: list[LoadedPolicy] = []
+        for name, loaded in new.items():
+            vs = self._policies.get(name)
+            if vs is None:
+                vs = self._policies[name] = PolicyVersions(name, self._metrics, cfg.limits, cfg.max_batch_size,
+                                                           cfg.batch_wait_timeout_s)
+            else:
+                vs.batcher.configure(cfg.max_batch_size, cfg.batch_wait_timeout_s)
+            old = vs.champion.pol if vs.champion else None
+            pol = loaded.champion
+            replaced += vs.apply(loaded, cfg.limits)
             if old is not pol:
-                self._metrics.reload(name, ok=True)
                 self._metrics.loaded(self._info_tags(pol), self._info_tags(old) if old else None,
                                      pol.source.evaluation)
                 logger.warning("policy %r serves checkpoint %s (%s) loaded in %.2fs",
                                name, pol.checkpoint_id, pol.checkpoint, pol.load_seconds)
-            b = self._batchers.get(name)
-            if b is None:
-                self._batchers[name] = _Batcher(name, self._metrics, cfg.max_batch_size, cfg.batch_wait_timeout_s)
-            else:
-                b.configure(cfg.max_batch_size, cfg.batch_wait_timeout_s)
         for gone in set(self._policies) - set(new):
-            old = self._policies[gone]
-            self._metrics.loaded(self._metrics.info_tags(gone, "-", None), self._info_tags(old))
-            self._batchers.pop(gone, None)
-        replaced = [old for name, old in self._policies.items() if new.get(name) is not old]
-        self._policies = new
+            vs = self._policies.pop(gone)
+            self._metrics.loaded(self._metrics.info_tags(gone, "-", None), self._info_tags(vs.champion.pol))
+            vs.stop()
+            replaced += vs.policies()
         self._config = cfg
         self._reload_errors = errors
         for old in replaced:  # in-flight requests hold the module itself, not its downloaded files
@@ -212,18 +181,6 @@ class PolicyServer:
 
     def _info_tags(self, pol: LoadedPolicy) -> dict[str, str]:
         return self._metrics.info_tags(pol.name, pol.checkpoint_id, pol.env, pol.source.registry)
-
-    @staticmethod
-    def _changed(cur: LoadedPolicy, ckpt: str, cfg: ServerConfig) -> bool:
-        if cur.limits != cfg.limits:
-            return True
-        try:
-            resolved, registry = resolve_source(ckpt)  # a registry alias is looked up again at every reconfigure
-        except CheckpointError:
-            return True  # let load() raise the readable error
-        if resolved.location != cur.checkpoint or resolved.metadata is None or registry != cur.source.registry:
-            return True
-        return resolved.metadata.checkpoint_id != cur.checkpoint_id
 
     async def check_health(self) -> None:
         if self._config is None:
@@ -244,10 +201,9 @@ class PolicyServer:
             m = _POLICY_PATH.match(path)
             if m:
                 name, sub = m.group(1), m.group(2) or ""
-                pol = self._policies.get(name)
-                endpoint = "act" if sub == "/act" else "act_batch" if sub == "/act_batch" else \
-                    "session" if sub.startswith("/sessions/") else "policy"
-                if pol is None:
+                vs = self._policies.get(name)
+                endpoint = _ENDPOINTS.get(sub, "session" if sub.startswith("/sessions/") else "policy")
+                if vs is None:
                     failed = self._reload_errors.get(name)
                     if failed is not None:  # configured by the last reload, but its checkpoint did not load
                         msg = f"policy {name!r} is not served, its checkpoint did not load: {failed['error']}"
@@ -258,26 +214,30 @@ class PolicyServer:
                     self._allow(method, "POST")
                     self._acting += 1
                     try:
-                        resp = await self._act(pol, await self._json_body(request))
+                        resp = _json_response(await vs.act(await self._json_body(request), t0, self._batch_now))
                     finally:
                         self._acting -= 1
                 elif endpoint == "act_batch":
                     self._allow(method, "POST")
-                    resp = self._act_batch(pol, await self._json_body(request))
+                    resp = _json_response(vs.act_batch(await self._json_body(request), t0))
+                elif endpoint == "feedback":
+                    self._allow(method, "POST")
+                    limit = self._config.max_batch_items if self._config else 1024
+                    resp = _json_response(vs.feedback(await self._json_body(request), limit))
+                elif endpoint == "stats":
+                    self._allow(method, "GET")
+                    resp = _json_response(vs.stats(self._replica))
                 elif endpoint == "session":
                     self._allow(method, "DELETE")
                     sid = sub[len("/sessions/"):]
-                    ended = bool(pol.sessions and pol.sessions.end(sid))
-                    if pol.sessions is not None:
-                        self._metrics.set_sessions(name, len(pol.sessions))
-                    resp = _json_response({"session_id": sid, "ended": ended})
+                    resp = _json_response({"session_id": sid, "ended": vs.end_session(sid)})
                 else:
                     self._allow(method, "GET")
-                    resp = _json_response(self._info(pol))
+                    resp = _json_response(self._info(vs))
             elif path in ("/v1/policies", "/v1/policies/"):
                 endpoint = "policies"
                 self._allow(method, "GET")
-                resp = _json_response({"policies": [self._info(p) for p in self._policies.values()]})
+                resp = _json_response({"policies": [self._info(vs) for vs in self._policies.values()]})
             elif path == "/healthz":
                 endpoint = "healthz"
                 self._allow(method, "GET")
@@ -355,73 +315,30 @@ class PolicyServer:
             raise bad_request("bad_body", f"expected a JSON object, got {type(body).__name__}")
         return body
 
-    @staticmethod
-    def _fields(body: Mapping[str, Any], allowed: tuple[str, ...]) -> None:
-        unknown = sorted(set(body) - set(allowed))
-        if unknown:
-            raise bad_request("unknown_field", f"unknown field(s) {unknown}; allowed: {list(allowed)}")
+    async def _batch_now(self) -> bool:
+        """Whether an act request joins the dynamic batch (after validation, just before the forward)."""
+        if self._config is not None and self._config.max_batch_size <= 1:
+            return False
+        # One event-loop turn lets requests that arrived together reach this point too. If this request is
+        # still alone, the serve.batch queue hop (~0.2-0.4 ms here) would only add latency: run it directly.
+        await asyncio.sleep(0)
+        return self._acting > 1
 
-    async def _act(self, pol: LoadedPolicy, body: dict[str, Any]) -> Response:
-        self._fields(body, ("observation", "frame", "session_id", "reset"))
-        out: dict[str, Any] = {}
-        if "observation" in body:
-            if "frame" in body:
-                raise bad_request("ambiguous_input", "send either 'observation' or 'frame', not both")
-            obs = pol.observation(body["observation"])
-        elif "frame" in body:
-            sid = body.get("session_id")
-            if not isinstance(sid, str) or not 0 < len(sid) <= SESSION_ID_MAX_LEN:
-                raise bad_request("missing_session_id",
-                                  f"'frame' needs a 'session_id' string (1-{SESSION_ID_MAX_LEN} chars)")
-            reset = body.get("reset", False)
-            if not isinstance(reset, bool):
-                raise bad_request("bad_reset", "'reset' must be true or false")
-            frame = pol.frame(body["frame"])
-            assert pol.sessions is not None
-            obs, new, count = pol.sessions.push(sid, frame, reset)
-            self._metrics.set_sessions(pol.name, len(pol.sessions))
-            out["session"] = {"id": sid, "new": new, "frames": count}
-        else:
-            raise bad_request(
-                "missing_observation",
-                "body needs 'observation'" + (" or 'frame' + 'session_id'" if pol.framestack > 1 else "")
-                + f"; got fields {sorted(body)}",
-            )
-        batcher = self._batchers[pol.name]
-        batching = self._config is None or self._config.max_batch_size > 1
-        if batching:
-            # One event-loop turn lets requests that arrived together reach this point too. If this request is
-            # still alone, the serve.batch queue hop (~0.2-0.4 ms here) would only add latency: run it directly.
-            await asyncio.sleep(0)
-        if batching and self._acting > 1:
-            action = await batcher.submit((pol, obs))
-        else:
-            action = batcher.forward([(pol, obs)])[0]
-        out.update(action=action, policy=pol.name, checkpoint_id=pol.checkpoint_id)
-        return _json_response(out)
-
-    def _act_batch(self, pol: LoadedPolicy, body: dict[str, Any]) -> Response:
-        self._fields(body, ("observations",))
-        if "observations" not in body:
-            raise bad_request("missing_observations", f"body needs 'observations' (a list); got fields {sorted(body)}")
-        obs = pol.observations(body["observations"])
-        t0 = time.perf_counter()
-        actions = pol.act(obs)
-        self._metrics.forward(pol.name, len(obs), (time.perf_counter() - t0) * 1e3)
-        return _json_response({"actions": actions, "policy": pol.name, "checkpoint_id": pol.checkpoint_id})
-
-    def _info(self, pol: LoadedPolicy) -> dict[str, Any]:
-        info = pol.info()
-        if pol.name in self._reload_errors:
-            info["reload_error"] = self._reload_errors[pol.name]
+    def _info(self, vs: PolicyVersions) -> dict[str, Any]:
+        info = vs.info()
+        if vs.name in self._reload_errors:
+            info["reload_error"] = self._reload_errors[vs.name]
         return info
 
     def _readyz(self) -> Response:
         if self._config is None or not self._policies:
             return _json_response({"status": "not_ready", "reason": "no policy loaded"}, 503)
-        body: dict[str, Any] = {"status": "ready", "policies": {n: p.checkpoint_id for n, p in self._policies.items()}}
+        body: dict[str, Any] = {"status": "ready",
+                                "policies": {n: vs.champion.pol.checkpoint_id for n, vs in self._policies.items()}}
         # Still ready (serving the previous checkpoints), but say what could not be applied.
         errors = {n: e["error"] for n, e in self._reload_errors.items()}
+        errors.update({f"{n}/candidate": vs.candidate_error["error"] for n, vs in self._policies.items()
+                       if vs.candidate_error})
         if self._config_error:
             errors["user_config"] = self._config_error
         if errors:

@@ -42,13 +42,43 @@ class ServerKnobs:
     body_timeout_s: float = _knob(30.0, 0.1, "seconds a request body may take to arrive after its headers (408 after)")
 
 
+CANDIDATE_MODES = ("split", "shadow")
+CANDIDATE_KEYS = ("checkpoint", "weight", "mode", "rollout")
+POLICY_KEYS = ("checkpoint", "candidate")
+
+
+@dataclass(frozen=True)
+class CandidateSpec:
+    """`policies.NAME.candidate`: a second checkpoint served under the same name next to the champion.
+
+    split: `weight` is the share of new sessions (and of session-less requests) the candidate answers;
+    shadow: the champion answers everything and `weight` is the share of its requests mirrored to the candidate.
+    `rollout` is the rollout controller's persisted state: opaque here (a mapping), never a reason to reload."""
+
+    checkpoint: str
+    weight: float = 0.0
+    mode: str = "split"
+    rollout: Mapping[str, Any] | None = field(default=None, compare=False)
+
+    @property
+    def shadow(self) -> bool:
+        return self.mode == "shadow"
+
+    def role_weight(self, role: str) -> float:
+        """The configured share of a role: champion 1-w (split) or 1 (shadow), candidate w."""
+        if role == "candidate":
+            return self.weight
+        return 1.0 if self.shadow else round(1.0 - self.weight, 12)
+
+
 @dataclass(frozen=True)
 class ServerConfig:
     """The deployment's `user_config`, validated. Unknown keys are an error so typos do not pass silently."""
 
-    policies: dict[str, str]  # policy name -> checkpoint (local path or URI)
+    policies: dict[str, str]  # policy name -> the champion's checkpoint (local path, URI or registry ref)
     server: ServerKnobs = field(default_factory=ServerKnobs)
     limits: ServingLimits = field(default_factory=ServingLimits)
+    candidates: dict[str, CandidateSpec] = field(default_factory=dict)  # policy name -> its candidate, if any
 
     # `revision`: free-form and otherwise ignored; changing it makes Serve call reconfigure, which re-reads
     # checkpoints rewritten in place (same location, new checkpoint_id).
@@ -65,8 +95,9 @@ class ServerConfig:
         unknown = sorted(set(raw) - set(cls.keys()))
         if unknown:
             raise ValueError(f"user_config: unknown keys {unknown}; known: {cls.keys()}")
-        return cls(policies=_policies(raw.get("policies")), server=_knobs(ServerKnobs, raw),
-                   limits=_knobs(ServingLimits, raw))
+        policies, candidates = _policies(raw.get("policies"))
+        return cls(policies=policies, server=_knobs(ServerKnobs, raw), limits=_knobs(ServingLimits, raw),
+                   candidates=candidates)
 
     def __getattr__(self, name: str) -> Any:  # cfg.max_batch_size etc.: flat access to the knobs
         for part in (self.server, self.limits):
@@ -75,18 +106,48 @@ class ServerConfig:
         raise AttributeError(name)
 
 
-def _policies(pols: Any) -> dict[str, str]:
+def _policies(pols: Any) -> tuple[dict[str, str], dict[str, CandidateSpec]]:
     if not isinstance(pols, Mapping) or not pols:
         raise ValueError("user_config.policies must map a policy name to {checkpoint: <path or URI>}")
     out: dict[str, str] = {}
+    candidates: dict[str, CandidateSpec] = {}
     for name, spec in pols.items():
         if not _NAME_RE.match(str(name)):
             raise ValueError(f"user_config.policies: {name!r} is not a valid policy name ([A-Za-z0-9_.-], max 64)")
+        if isinstance(spec, Mapping):
+            unknown = sorted(set(map(str, spec)) - set(POLICY_KEYS))
+            if unknown:
+                raise ValueError(f"user_config.policies.{name}: unknown keys {unknown}; known: {list(POLICY_KEYS)}")
         ckpt = spec.get("checkpoint") if isinstance(spec, Mapping) else spec
         if not isinstance(ckpt, str) or not ckpt:
             raise ValueError(f"user_config.policies.{name}.checkpoint must be a path or URI string")
         out[str(name)] = ckpt
-    return out
+        cand = spec.get("candidate") if isinstance(spec, Mapping) else None
+        if cand is not None:
+            candidates[str(name)] = _candidate(f"user_config.policies.{name}.candidate", cand)
+    return out, candidates
+
+
+def _candidate(where: str, raw: Any) -> CandidateSpec:
+    if not isinstance(raw, Mapping):
+        raise ValueError(f"{where} must be a mapping {{checkpoint, weight, mode, rollout}}, got {type(raw).__name__}")
+    unknown = sorted(set(map(str, raw)) - set(CANDIDATE_KEYS))
+    if unknown:
+        raise ValueError(f"{where}: unknown keys {unknown}; known: {list(CANDIDATE_KEYS)}")
+    ckpt = raw.get("checkpoint")
+    if not isinstance(ckpt, str) or not ckpt:
+        raise ValueError(f"{where}.checkpoint must be a path, URI or registry reference string")
+    weight = raw.get("weight", 0.0)
+    if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not 0.0 <= weight <= 1.0:
+        raise ValueError(f"{where}.weight must be a number in [0, 1], got {weight!r}")
+    mode = raw.get("mode", "split")
+    if mode not in CANDIDATE_MODES:
+        raise ValueError(f"{where}.mode must be one of {list(CANDIDATE_MODES)}, got {mode!r}")
+    rollout = raw.get("rollout")
+    if rollout is not None and not isinstance(rollout, Mapping):
+        raise ValueError(f"{where}.rollout must be a mapping (the rollout controller's state), got {type(rollout).__name__}")
+    return CandidateSpec(checkpoint=ckpt, weight=float(weight), mode=str(mode),
+                         rollout=dict(rollout) if rollout is not None else None)
 
 
 def _knobs(cls: type, raw: Mapping[str, Any]) -> Any:

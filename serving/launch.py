@@ -67,8 +67,9 @@ def with_overrides(
 ) -> dict[str, Any]:
     """A copy of `cfg` with the checkpoint(s), user_config keys and replica count replaced.
 
-    `checkpoint` replaces the first configured policy's checkpoint; `policies` replaces the whole mapping.
-    Relative checkpoint paths are resolved against the current directory; every checkpoint (path or URI) must
+    `checkpoint` replaces the first configured policy's (champion) checkpoint; `policies` replaces the whole
+    mapping (values: a checkpoint, or a policy spec {checkpoint, candidate: {...}}). Relative checkpoint paths,
+    the candidates' included, are resolved against the current directory; every checkpoint (path or URI) must
     hold a servable layout, checked before Ray starts.
     """
     cfg = copy.deepcopy(dict(cfg))
@@ -76,14 +77,21 @@ def with_overrides(
     uc = dep.setdefault("user_config", {})
     pols = dict(uc.get("policies") or {})
     if policies:
-        pols = {k: {"checkpoint": v} for k, v in policies.items()}
+        pols = {k: copy.deepcopy(dict(v)) if isinstance(v, Mapping) else {"checkpoint": v} for k, v in policies.items()}
     elif checkpoint:
         first = next(iter(pols), "default")
-        pols[first] = {"checkpoint": checkpoint}
+        prev = pols.get(first)
+        pols[first] = {**(prev if isinstance(prev, Mapping) else {}), "checkpoint": checkpoint}
     if resolve_paths:
         for name, spec in list(pols.items()):
-            path = spec["checkpoint"] if isinstance(spec, Mapping) else spec
-            pols[name] = {**(spec if isinstance(spec, Mapping) else {}), "checkpoint": _checked_location(name, path)}
+            path = spec.get("checkpoint") if isinstance(spec, Mapping) else spec
+            if not isinstance(path, str) or not path:
+                raise LaunchError(f"policy {name!r}: no checkpoint (user_config.policies.{name}.checkpoint)")
+            spec = {**(spec if isinstance(spec, Mapping) else {}), "checkpoint": _checked_location(name, path)}
+            cand = spec.get("candidate")
+            if isinstance(cand, Mapping) and isinstance(cand.get("checkpoint"), str) and cand["checkpoint"]:
+                spec["candidate"] = {**cand, "checkpoint": _checked_location(f"{name}.candidate", cand["checkpoint"])}
+            pols[name] = spec
     uc["policies"] = pols
     uc.update(dict(user_config or {}))
     if num_replicas is not None:
@@ -249,10 +257,41 @@ def expected_checkpoints(cfg: Mapping[str, Any]) -> dict[str, tuple[str, str | N
     return out
 
 
+def expected_candidates(cfg: Mapping[str, Any]) -> dict[str, dict[str, Any] | None]:
+    """{policy: {checkpoint, checkpoint_id, weight, mode} of its configured candidate, or None}."""
+    from rl_checkpoint import CheckpointError, redact
+    from serving.policy import resolve_checkpoint
+
+    out: dict[str, dict[str, Any] | None] = {}
+    for name, spec in policy_deployment(cfg)["user_config"]["policies"].items():
+        cand = spec.get("candidate") if isinstance(spec, Mapping) else None
+        if not isinstance(cand, Mapping):
+            out[name] = None
+            continue
+        try:
+            ckpt = resolve_checkpoint(cand["checkpoint"])
+            loc, cid = ckpt.location, ckpt.metadata.checkpoint_id if ckpt.metadata else None
+        except CheckpointError:
+            loc, cid = redact(str(cand["checkpoint"])), None
+        out[name] = {"checkpoint": loc, "checkpoint_id": cid, "weight": float(cand.get("weight", 0.0)),
+                     "mode": cand.get("mode", "split")}
+    return out
+
+
+def _candidate_served(info: Mapping[str, Any], want: Mapping[str, Any] | None) -> bool:
+    got = info.get("candidate")
+    if want is None:
+        return got is None
+    return bool(got) and got["checkpoint"] == want["checkpoint"] and got["weight"] == want["weight"] \
+        and got["mode"] == want["mode"] and (want["checkpoint_id"] is None or got["checkpoint_id"] == want["checkpoint_id"])
+
+
 def wait_serving(base_url: str, cfg: Mapping[str, Any], timeout_s: float, consecutive: int = 3,
                  app_names: list[str] | None = None) -> None:
-    """Poll GET /v1/policies until it reports the config's checkpoints `consecutive` times in a row."""
+    """Poll GET /v1/policies until it reports the config's checkpoints (champions, and candidates with their
+    weight and mode) `consecutive` times in a row. A candidate the server could not load is raised."""
     want = expected_checkpoints(cfg)
+    want_cand = expected_candidates(cfg)
     deadline = time.monotonic() + timeout_s
     streak, seen = 0, None
     while time.monotonic() < deadline:
@@ -265,14 +304,20 @@ def wait_serving(base_url: str, cfg: Mapping[str, Any], timeout_s: float, consec
             seen = {n: (p["checkpoint"], p["checkpoint_id"]) for n, p in pols.items()}
             rejected = [f"{n}: {p['reload_error']['error']}" for n, p in pols.items()
                         if p.get("reload_error") and n in want and p["reload_error"]["checkpoint"] == want[n][0]]
+            no_candidate = [f"{n}: {p['candidate_error']['error']}" for n, p in pols.items()
+                            if p.get("candidate_error") and want_cand.get(n)
+                            and p["candidate_error"]["checkpoint"] == want_cand[n]["checkpoint"]]
             for n in set(want) - set(pols):  # a policy the reload adds: not served if its checkpoint failed
                 err = _added_policy_error(base_url, n)
                 if err and err.get("checkpoint") == want[n][0]:
                     rejected.append(f"{n}: {err['error']}")
             if rejected:
-                raise LaunchError("the server kept the previous checkpoint: " + "; ".join(rejected))
+                raise LaunchError("the server kept the previous checkpoint: " + "; ".join(rejected + no_candidate))
+            if no_candidate and all(pols[n]["checkpoint"] == want[n][0] for n in want if n in pols):
+                raise LaunchError("the candidate did not load; the champion serves alone: " + "; ".join(no_candidate))
             ok = set(pols) == set(want) and all(
                 pols[n]["checkpoint"] == path and (cid is None or pols[n]["checkpoint_id"] == cid)
+                and _candidate_served(pols[n], want_cand.get(n))
                 for n, (path, cid) in want.items()
             )
         except (urllib.error.URLError, OSError, ValueError, KeyError):

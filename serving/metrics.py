@@ -7,14 +7,28 @@ next to Serve's own `ray_serve_*` series. Ray prefixes every name with `ray_`; c
 | ray_rl_serve_request_latency_ms              | histogram | policy, endpoint              |
 | ray_rl_serve_batch_size                      | histogram | policy                        |
 | ray_rl_serve_inference_latency_ms            | histogram | policy                        |
-| ray_rl_serve_policy_info                     | gauge     | policy, checkpoint_id, env, version, alias |
+| ray_rl_serve_policy_info                     | gauge     | policy, checkpoint_id, env, registry_version, alias |
 | ray_rl_serve_policy_eval_return              | gauge     | policy, checkpoint_id, stat   |
 | ray_rl_serve_policy_reloads_total            | counter   | policy, result                |
 | ray_rl_serve_sessions                        | gauge     | policy                        |
+| ray_rl_serve_version_requests_total          | counter   | policy, version, result       |
+| ray_rl_serve_version_latency_ms              | histogram | policy, version               |
+| ray_rl_serve_episodes_total                  | counter   | policy, version               |
+| ray_rl_serve_episode_return_sum              | gauge     | policy, version               |
+| ray_rl_serve_episode_return_sq_sum           | gauge     | policy, version               |
+| ray_rl_serve_version_weight                  | gauge     | policy, version               |
+| ray_rl_serve_version_info                    | gauge     | policy, version, checkpoint_id, mode |
+| ray_rl_serve_version_sessions                | gauge     | policy, version               |
+| ray_rl_serve_shadow_total                    | counter   | policy, outcome               |
+| ray_rl_serve_feedback_total                  | counter   | policy, result                |
 
-`policy` is "-" for requests that name no known policy, so a client cannot grow the label set. `version` and
-`alias` are the registry's ("-" for a policy not loaded through `registry:`); `policy_eval_return` carries the
-newest greedy evaluation of the served checkpoint (rl-eval), `stat` = mean | ci95_low | ci95_high.
+`policy` is "-" for requests that name no known policy, so a client cannot grow the label set.
+`registry_version` and `alias` are the registry's ("-" for a policy not loaded through `registry:`);
+`policy_eval_return` carries the newest greedy evaluation of the served checkpoint (rl-eval), `stat` = mean |
+ci95_low | ci95_high. `version` is the role under one policy name: "champion" | "candidate" (serving/versions.py);
+`result` of version_requests is ok | error (a version's own failure, not a client's 4xx); `mode` of version_info
+is split | shadow for the candidate, "-" for the champion; shadow `outcome` = agree | disagree | dropped | error;
+feedback `result` = ok (accepted items) | unknown_session | session_ended | invalid (refused requests).
 """
 
 from __future__ import annotations
@@ -32,6 +46,16 @@ NAMES = {
     "eval": "rl_serve_policy_eval_return",
     "reloads": "rl_serve_policy_reloads",
     "sessions": "rl_serve_sessions",
+    "version_requests": "rl_serve_version_requests",
+    "version_latency": "rl_serve_version_latency_ms",
+    "episodes": "rl_serve_episodes",
+    "return_sum": "rl_serve_episode_return_sum",
+    "return_sq_sum": "rl_serve_episode_return_sq_sum",
+    "version_weight": "rl_serve_version_weight",
+    "version_info": "rl_serve_version_info",
+    "version_sessions": "rl_serve_version_sessions",
+    "shadow": "rl_serve_shadow",
+    "feedback": "rl_serve_feedback",
 }
 
 
@@ -57,7 +81,7 @@ class ServerMetrics:
         )
         self.info = m.Gauge(
             NAMES["info"], "1 for the checkpoint a policy currently serves, 0 for ones it served before.",
-            tag_keys=("policy", "checkpoint_id", "env", "version", "alias"),
+            tag_keys=("policy", "checkpoint_id", "env", "registry_version", "alias"),
         )
         self.eval = m.Gauge(
             NAMES["eval"], "Greedy evaluation return of the served checkpoint (newest rl-eval record).",
@@ -69,10 +93,36 @@ class ServerMetrics:
         self.sessions = m.Gauge(
             NAMES["sessions"], "Open frame-stacking sessions per policy (replica-local).", tag_keys=("policy",),
         )
+        pv = ("policy", "version")
+        self.version_requests = m.Counter(
+            NAMES["version_requests"], "act/act_batch requests per version (champion/candidate) by result "
+            "(ok, or error: the version itself failed).", tag_keys=("policy", "version", "result"))
+        self.version_latency = m.Histogram(
+            NAMES["version_latency"], "act/act_batch time in the replica per version that answered (ms).",
+            boundaries=LATENCY_BOUNDARIES_MS, tag_keys=pv)
+        self.episodes = m.Counter(NAMES["episodes"], "Episodes ended by feedback (done=true) per version.",
+                                  tag_keys=pv)
+        self.return_sum = m.Gauge(NAMES["return_sum"], "Sum of ended episodes' returns per version, since the "
+                                  "version loaded in this replica.", tag_keys=pv)
+        self.return_sq_sum = m.Gauge(NAMES["return_sq_sum"], "Sum of squared episode returns per version, since "
+                                     "the version loaded in this replica.", tag_keys=pv)
+        self.version_weight = m.Gauge(NAMES["version_weight"], "Configured traffic share per version (champion "
+                                      "1-w, candidate w; shadow: champion 1).", tag_keys=pv)
+        self.version_info = m.Gauge(NAMES["version_info"], "1 for the checkpoint a version serves now, 0 before.",
+                                    tag_keys=("policy", "version", "checkpoint_id", "mode"))
+        self.version_sessions = m.Gauge(NAMES["version_sessions"], "Sticky sessions open per version "
+                                        "(replica-local).", tag_keys=pv)
+        self.shadow = m.Counter(NAMES["shadow"], "Shadow comparisons by outcome (agree, disagree, dropped: "
+                                "queue full, error: the candidate failed).", tag_keys=("policy", "outcome"))
+        self.feedback_total = m.Counter(NAMES["feedback"], "Feedback: accepted items (ok) and refused requests "
+                                        "(unknown_session, session_ended, invalid).", tag_keys=("policy", "result"))
         # Tag dicts are reused: building them per request is a measurable share of a ~1 ms request.
         self._req_tags: dict[tuple[str, str, int], dict[str, str]] = {}
         self._lat_tags: dict[tuple[str, str], dict[str, str]] = {}
         self._pol_tags: dict[str, dict[str, str]] = {}
+        self._pv_tags: dict[tuple[str, str], dict[str, str]] = {}
+        self._pvr_tags: dict[tuple[str, str, str], dict[str, str]] = {}
+        self._out_tags: dict[tuple[str, str], dict[str, str]] = {}
 
     def request(self, policy: str, endpoint: str, status: int, latency_ms: float) -> None:
         key = (policy, endpoint, status)
@@ -101,7 +151,7 @@ class ServerMetrics:
     def info_tags(policy: str, checkpoint_id: str, env: str | None, registry: dict | None = None) -> dict[str, str]:
         reg = registry or {}
         return {"policy": policy, "checkpoint_id": checkpoint_id, "env": env or "-",
-                "version": str(reg.get("version") or "-"), "alias": str(reg.get("alias") or "-")}
+                "registry_version": str(reg.get("version") or "-"), "alias": str(reg.get("alias") or "-")}
 
     def loaded(self, tags: dict[str, str], previous: dict[str, str] | None,
                evaluation: dict | None = None) -> None:
@@ -120,3 +170,65 @@ class ServerMetrics:
 
     def set_sessions(self, policy: str, n: int) -> None:
         self.sessions.set(n, self._ptags(policy))
+
+    # ------------------------------------------------------------------ versions (serving/versions.py)
+
+    def pv_tags(self, policy: str, version: str) -> dict[str, str]:
+        key = (policy, version)
+        tags = self._pv_tags.get(key)
+        if tags is None:
+            tags = self._pv_tags[key] = {"policy": policy, "version": version}
+        return tags
+
+    def version_request(self, policy: str, version: str, ok: bool, latency_ms: float | None) -> None:
+        """One act/act_batch request of a version; latency only for the version that answered."""
+        result = "ok" if ok else "error"
+        key = (policy, version, result)
+        tags = self._pvr_tags.get(key)
+        if tags is None:
+            tags = self._pvr_tags[key] = {"policy": policy, "version": version, "result": result}
+        self.version_requests.inc(1.0, tags)
+        if latency_ms is not None:
+            self.version_latency.observe(latency_ms, self.pv_tags(policy, version))
+
+    def episode(self, policy: str, version: str, return_sum: float, return_sq_sum: float) -> None:
+        tags = self.pv_tags(policy, version)
+        self.episodes.inc(1.0, tags)
+        self.return_sum.set(return_sum, tags)
+        self.return_sq_sum.set(return_sq_sum, tags)
+
+    def version_loaded(self, policy: str, version: str, checkpoint_id: str, mode: str | None,
+                       previous: tuple[str, str | None] | None, weight: float, return_sum: float = 0.0,
+                       return_sq_sum: float = 0.0) -> None:
+        """A version (role) serves `checkpoint_id` in `mode` now; `previous` (checkpoint_id, mode) it served before."""
+        now = {"policy": policy, "version": version, "checkpoint_id": checkpoint_id, "mode": mode or "-"}
+        if previous is not None and (previous[0], previous[1] or "-") != (checkpoint_id, mode or "-"):
+            self.version_info.set(0, {**now, "checkpoint_id": previous[0], "mode": previous[1] or "-"})
+        self.version_info.set(1, now)
+        tags = self.pv_tags(policy, version)
+        self.version_weight.set(weight, tags)
+        self.return_sum.set(return_sum, tags)
+        self.return_sq_sum.set(return_sq_sum, tags)
+
+    def version_gone(self, policy: str, version: str, checkpoint_id: str, mode: str | None) -> None:
+        self.version_info.set(0, {"policy": policy, "version": version, "checkpoint_id": checkpoint_id,
+                                  "mode": mode or "-"})
+        tags = self.pv_tags(policy, version)
+        self.version_weight.set(0.0, tags)
+        self.version_sessions.set(0, tags)
+
+    def set_weight(self, policy: str, version: str, weight: float) -> None:
+        self.version_weight.set(weight, self.pv_tags(policy, version))
+
+    def set_version_sessions(self, policy: str, version: str, n: int) -> None:
+        self.version_sessions.set(n, self.pv_tags(policy, version))
+
+    def shadow_outcome(self, policy: str, outcome: str, n: int = 1) -> None:
+        key = (policy, outcome)
+        tags = self._out_tags.get(key)
+        if tags is None:
+            tags = self._out_tags[key] = {"policy": policy, "outcome": outcome}
+        self.shadow.inc(float(n), tags)
+
+    def feedback(self, policy: str, result: str, n: int = 1) -> None:
+        self.feedback_total.inc(float(n), {"policy": policy, "result": result})

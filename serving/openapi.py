@@ -54,7 +54,9 @@ def openapi_document(policy_names: list[str] | None = None) -> dict[str, Any]:
             "description": (
                 "Greedy actions from RLlib policies loaded from checkpoints. Observations are JSON arrays "
                 "(nested lists) or {b64, dtype, shape} objects. Frame-stacked policies (Pong) also accept one "
-                "frame per request with a session_id; the server keeps the stack."
+                "frame per request with a session_id; the server keeps the stack. A policy may serve a candidate "
+                "next to its champion (split: a share of sessions; shadow: mirrored off the critical path); every "
+                "answer names the version that acted, and /feedback credits episode returns to it."
             ),
         },
         "paths": {
@@ -91,10 +93,47 @@ def openapi_document(policy_names: list[str] | None = None) -> dict[str, Any]:
                 }}},
                 "responses": {"200": _ok("Actions", {"type": "object", "properties": {
                     "actions": {"type": "array", "items": {"$ref": "#/components/schemas/Action"}},
-                    "policy": {"type": "string"}, "checkpoint_id": {"type": "string"}}}), **client_errors},
+                    "policy": {"type": "string"}, "checkpoint_id": {"type": "string"},
+                    "version": {"$ref": "#/components/schemas/VersionRole"}}}), **client_errors},
+            }},
+            "/v1/policies/{name}/feedback": {"post": {
+                "summary": "Rewards of sessions that acted: done=true ends the episode and credits its return to "
+                           "the version the session was assigned to",
+                "parameters": [name_param],
+                "requestBody": {"required": True, "content": {"application/json": {
+                    "schema": {"oneOf": [{"$ref": "#/components/schemas/Feedback"},
+                                         {"type": "object", "required": ["feedback"], "additionalProperties": False,
+                                          "properties": {"feedback": {
+                                              "type": "array", "minItems": 1,
+                                              "items": {"$ref": "#/components/schemas/Feedback"},
+                                              "description": "At most max_batch_items items; validated as a "
+                                                             "whole before any is applied."}}}]},
+                    "examples": {"step": {"value": {"session_id": "ep-1", "reward": 1.0}},
+                                 "last_step": {"value": {"session_id": "ep-1", "reward": 1.0, "done": True}},
+                                 "batch": {"value": {"feedback": [{"session_id": "ep-1", "reward": 1.0},
+                                                                  {"session_id": "ep-2", "reward": 0.5,
+                                                                   "done": True}]}}},
+                }}},
+                "responses": {
+                    "200": _ok("Accepted", {"type": "object", "required": ["accepted", "episodes_ended"],
+                                            "properties": {"accepted": {"type": "integer"},
+                                                           "episodes_ended": {"type": "integer"}}}),
+                    **client_errors,
+                    "404": _err("Unknown policy, or `unknown_session`: the session never acted on this policy in "
+                                "this replica, or expired (idle over session_ttl_s, evicted beyond max_sessions)."),
+                    "409": _err("`session_ended`: the session already ended (done=true or DELETE)."),
+                    "422": _err("`bad_reward` (not a finite number), `bad_done` (not a boolean), `empty_batch`."),
+                },
+            }},
+            "/v1/policies/{name}/stats": {"get": {
+                "summary": "This replica's figures per version (champion, candidate) since each loaded",
+                "parameters": [name_param],
+                "responses": {"200": _ok("Stats", {"$ref": "#/components/schemas/PolicyStats"}),
+                              "404": client_errors["404"]},
             }},
             "/v1/policies/{name}/sessions/{session_id}": {"delete": {
-                "summary": "Drop a frame-stacking session (optional; idle sessions expire)",
+                "summary": "End a session: its version assignment and frame stack are dropped (optional; idle "
+                           "sessions expire). Its unfinished episode is not counted.",
                 "parameters": [name_param, {"name": "session_id", "in": "path", "required": True,
                                             "schema": {"type": "string"}}],
                 "responses": {"200": _ok("Ended", {"type": "object", "properties": {
@@ -126,14 +165,51 @@ def openapi_document(policy_names: list[str] | None = None) -> dict[str, Any]:
                           "description": "Frame-stacked policies: one preprocessed frame (frame.shape) or, for "
                                          "Atari, raw RGB uint8 values: the last two frames of a frame skip (2, H, W, 3), "
                                          "preprocessed then maxed as in training, or one frame (H, W, 3)."},
-                "session_id": {"type": "string", "minLength": 1, "maxLength": SESSION_ID_MAX_LEN},
+                "session_id": {"type": "string", "minLength": 1, "maxLength": SESSION_ID_MAX_LEN,
+                               "description": "An episode's id: required with 'frame', optional with "
+                                              "'observation'. The session keeps the version (champion or "
+                                              "candidate) of its first request until it ends, and is what "
+                                              "/feedback credits rewards to."},
                 "reset": {"type": "boolean", "default": False,
-                          "description": "Start a new episode: the stack restarts zero-filled."}}},
+                          "description": "Start a new episode in the session: the stack restarts zero-filled and "
+                                         "unreported reward is dropped (the version is kept)."}}},
+            "VersionRole": {"type": "string", "enum": ["champion", "candidate"],
+                            "description": "Which version under the policy name acted."},
+            "Feedback": {"type": "object", "required": ["session_id", "reward"], "additionalProperties": False,
+                         "properties": {
+                             "session_id": {"type": "string", "minLength": 1, "maxLength": SESSION_ID_MAX_LEN},
+                             "reward": {"type": "number", "description": "Finite; accumulates per session."},
+                             "done": {"type": "boolean", "default": False,
+                                      "description": "The episode ended: its return is counted, the session ends."}}},
+            "Latency": {"type": "object", "description": "Cumulative histogram (ms), Prometheus style: counts[i] "
+                                                         "requests took <= le[i].",
+                        "properties": {"le": {"type": "array"}, "counts": {"type": "array", "items": {"type": "integer"}},
+                                       "sum": {"type": "number"}, "count": {"type": "integer"}}},
+            "VersionStats": {"type": "object", "properties": {
+                "checkpoint_id": {"type": "string"}, "weight": {"type": "number"},
+                "mode": {"type": ["string", "null"], "enum": ["split", "shadow", None]},
+                "requests": {"type": "integer"}, "errors": {"type": "integer"},
+                "latency_ms": {"$ref": "#/components/schemas/Latency"},
+                "episodes": {"type": "integer"}, "return_sum": {"type": "number"},
+                "return_sq_sum": {"type": "number"}, "active_sessions": {"type": "integer"},
+                "shadow": {"type": "object", "description": "candidate only", "properties": {
+                    "compared": {"type": "integer"}, "agreed": {"type": "integer"}, "dropped": {"type": "integer"},
+                    "errors": {"type": "integer"}}}}},
+            "PolicyStats": {"type": "object", "required": ["policy", "replica", "at", "versions"], "properties": {
+                "policy": {"type": "string"}, "replica": {"type": "string"}, "at": {"type": "number"},
+                "versions": {"type": "object", "required": ["champion"], "properties": {
+                    "champion": {"$ref": "#/components/schemas/VersionStats"},
+                    "candidate": {"$ref": "#/components/schemas/VersionStats"}}},
+                "rollout": {"type": ["object", "null"], "description": "the candidate's rollout state as configured"},
+                "candidate_error": {"type": "object"}}},
             "Action": {"description": "int (Discrete), list of int (MultiDiscrete) or list of number (Box).",
                        "oneOf": [{"type": "integer"}, {"type": "array", "items": {"type": "number"}}]},
-            "ActResponse": {"type": "object", "required": ["action", "policy", "checkpoint_id"], "properties": {
+            "ActResponse": {"type": "object", "required": ["action", "policy", "checkpoint_id", "version"],
+                            "properties": {
                 "action": {"$ref": "#/components/schemas/Action"},
-                "policy": {"type": "string"}, "checkpoint_id": {"type": "string"},
+                "policy": {"type": "string"}, "checkpoint_id": {"type": "string", "description":
+                                                                "the checkpoint of the version that acted"},
+                "version": {"$ref": "#/components/schemas/VersionRole"},
                 "session": {"type": "object", "properties": {"id": {"type": "string"}, "new": {"type": "boolean"},
                                                              "frames": {"type": "integer"}}}}},
             "Space": {"type": "object", "required": ["type"], "properties": {
@@ -151,7 +227,12 @@ def openapi_document(policy_names: list[str] | None = None) -> dict[str, Any]:
                                "iteration": {"type": ["integer", "null"]}, "framestack": {"type": "integer"},
                                "observation_space": {"$ref": "#/components/schemas/Space"},
                                "action_space": {"$ref": "#/components/schemas/Space"},
-                               "frame": {"type": "object"}}},
+                               "frame": {"type": "object"},
+                               "candidate": {"type": ["object", "null"], "description":
+                                             "the candidate served next to this champion: checkpoint_id, "
+                                             "checkpoint, weight, mode (split|shadow), registry, evaluation"},
+                               "candidate_error": {"type": "object", "description":
+                                                   "the configured candidate did not load: checkpoint, error, at"}}},
             "Error": {"type": "object", "required": ["error"], "properties": {"error": {
                 "type": "object", "required": ["code", "message"],
                 "properties": {"code": {"type": "string"}, "message": {"type": "string"}, "detail": {}}}}},

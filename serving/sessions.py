@@ -44,6 +44,27 @@ class FrameStacks:
             self._stacks.popitem(last=False)
         return np.concatenate(list(stack), axis=-1), new, count
 
+    def take(self, session_id: str) -> tuple | None:
+        """Remove and return a session's stack (to hand it to another version's FrameStacks with `put`)."""
+        return self._stacks.pop(session_id, None)
+
+    def put(self, session_id: str, entry: tuple | None) -> None:
+        if entry is None:
+            return
+        self._stacks[session_id] = entry
+        self._stacks.move_to_end(session_id)
+        while len(self._stacks) > self.max_sessions:
+            self._stacks.popitem(last=False)
+
+    def absorb(self, other: "FrameStacks", override: bool) -> None:
+        """Take over `other`'s sessions (a promoted or removed version's); `override`: theirs win on a clash."""
+        for sid, entry in list(other._stacks.items()):
+            if override or sid not in self._stacks:
+                self._stacks[sid] = entry
+        other._stacks.clear()
+        ordered = sorted(self._stacks.items(), key=lambda kv: kv[1][1])  # least recently used first
+        self._stacks = OrderedDict(ordered[-self.max_sessions:])
+
     def end(self, session_id: str) -> bool:
         return self._stacks.pop(session_id, None) is not None
 

@@ -57,14 +57,26 @@ def test_promtool_rule_unit_tests(tools, tmp_path):
     assert "SUCCESS" in proc.stdout + proc.stderr
 
 
-def test_promtool_unit_tests_fail_when_a_threshold_changes(tools, tmp_path):
-    """The cases bite: at a 20% threshold the 10% error ratio case no longer fires."""
-    _write(tmp_path, _rules(tools, {"monitoring.rules.serveErrorRatio": 0.2}))
+@pytest.mark.parametrize("sets,alert", [
+    # At a 20% threshold the 10% error ratio case no longer fires.
+    ({"monitoring.rules.serveErrorRatio": 0.2}, "RayServeHighErrorRate"),
+    # At 10 episodes the candidate with 15 (far worse) episodes in the window is compared and fires.
+    ({"monitoring.rules.canaryMinEpisodes": 10}, "RLPolicyCanaryWorseReturn"),
+    # At z 0.1 the noisy candidate's 2-point shortfall (z 0.30) counts; at a margin of 25 the 20-point one does not.
+    ({"monitoring.rules.canaryReturnZ": 0.1}, "RLPolicyCanaryWorseReturn"),
+    ({"monitoring.rules.canaryReturnMargin": 25}, "RLPolicyCanaryWorseReturn"),
+    ({"monitoring.rules.canaryErrorRatio": 0.3}, "RLPolicyCanaryErrorRatioHigh"),
+    ({"monitoring.rules.canaryLatencyP99Ms": 300}, "RLPolicyCanaryLatencyHigh"),
+], ids=lambda v: next(iter(v)).rsplit(".", 1)[-1] if isinstance(v, dict) else v)
+def test_promtool_unit_tests_fail_when_a_threshold_changes(tools, tmp_path, sets, alert):
+    """The cases bite: with another threshold the cases of that alert no longer hold."""
+    _write(tmp_path, _rules(tools, sets))
     shutil.copy(CASES, tmp_path / "rules_test.yaml")
     proc = subprocess.run([tools.promtool(), "test", "rules", "rules_test.yaml"], cwd=tmp_path,
                           capture_output=True, text=True)
     assert proc.returncode != 0
-    assert "RayServeHighErrorRate" in proc.stdout + proc.stderr
+    failed = set(re.findall(r"alertname: (\w+)", proc.stdout + proc.stderr))
+    assert failed == {alert}, proc.stdout + proc.stderr
 
 
 def test_rules_and_dashboards_use_the_metric_names_from_values(tools):
@@ -91,8 +103,9 @@ def test_dashboards_are_valid_grafana_json(tools):
         dash = json.loads(body)
         uids.add(dash["uid"])
         if dash["uid"].startswith("rl-platform-"):
-            assert dash["panels"] and all(p["targets"] for p in dash["panels"])
-            assert all(t["expr"] and "@@" not in t["expr"] for p in dash["panels"] for t in p["targets"])
+            queried = [p for p in dash["panels"] if p["type"] != "row"]
+            assert queried and all(p["targets"] for p in queried)
+            assert all(t["expr"] and "@@" not in t["expr"] for p in queried for t in p["targets"])
             ids = [p["id"] for p in dash["panels"]]
             assert len(ids) == len(set(ids)), name
     # Ours, plus Ray's own under the uids the Ray dashboard embeds panels from.

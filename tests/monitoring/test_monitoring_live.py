@@ -1,6 +1,9 @@
 """Monitoring proven live: a real Prometheus (Debian's package, via hack/tools.sh) scrapes a live local Ray's metrics
 port while a short training runs and the policy server takes traffic; every dashboard panel query and every rule of
 the chart (rendered by helm, as shipped) must return series. The report goes to bench/results/monitoring_live.json.
+The served policies have candidate versions (a 50/50 split whose candidate earns less reward, a shadow candidate, a
+candidate that always fails) and the traffic plays whole episodes and posts their rewards, so the per-version panels
+and canary rules see data; test_canary_figures_follow_the_traffic checks their figures against the clients' own.
 
 Alert rules are conditions (`x > threshold`); a healthy run must not meet them, so the test evaluates each alert's
 expression without its trailing comparison (promkit.underlying) and asserts the underlying series exist: that proves
@@ -11,6 +14,7 @@ EXPECTED_EMPTY with the reason; an entry that starts returning data is reported 
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 import os
@@ -34,7 +38,7 @@ sys.path.insert(0, str(ROOT / "hack"))
 
 import promconfig  # noqa: E402
 from chartkit import Tools, tool_env  # noqa: E402
-from promkit import Prometheus, dashboard_queries, resolve_variables, rule_queries  # noqa: E402
+from promkit import Prometheus, dashboard_queries, resolve_variables, rule_queries, underlying  # noqa: E402
 from trainer_helpers import RayHead, free_ports, stop_process  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.monitoring]
@@ -120,20 +124,61 @@ def _env(**extra: str) -> dict[str, str]:
     return env
 
 
-def _traffic(base: str, stop: threading.Event, counts: dict[str, int]) -> None:
-    """Acts with the policy, plus client mistakes (unknown policy, bad body): error panels need errors."""
+# Served policies (issue 20's versions): "default" splits new sessions 50/50 between its champion and a candidate
+# (another checkpoint); "shadowed" mirrors every request to a shadow candidate; "faulty" sends half of its requests to
+# a candidate whose forward pass always raises (the champion answers them, the failures count as candidate errors).
+SPLIT, SHADOW, FAULTY = "default", "shadowed", "faulty"
+# Rewards per step of the episodes the traffic plays on SPLIT (3 steps each), alternating per version between two
+# values so returns vary: champion 3 or 6 (mean 4.5), candidate 1.5 or 3 (mean 2.25): a canary that earns less.
+STEPS = 3
+REWARDS = {"champion": (1.0, 2.0), "candidate": (0.5, 1.0)}
+
+
+def _traffic(base: str, stop: threading.Event, counts: dict[str, int], episodes: dict[str, list[float]]) -> None:
+    """Acts with the policies, plays whole episodes (sticky sessions, rewards posted as feedback), plus client
+    mistakes (unknown policy, bad body, feedback for unknown and ended sessions): error panels need errors."""
     s = requests.Session()
+
+    def post(path: str, body: dict) -> requests.Response:
+        r = s.post(f"{base}/v1/policies/{path}", json=body, timeout=10)
+        counts[str(r.status_code)] = counts.get(str(r.status_code), 0) + 1
+        return r
+
     i = 0
     while not stop.is_set():
         i += 1
+        obs = [0.01 * (i % 7)] * 4
         if i % 10 == 0:
-            r = s.post(f"{base}/v1/policies/nope/act", json={"observation": [0.0] * 4}, timeout=10)
+            post("nope/act", {"observation": obs})
         elif i % 10 == 5:
-            r = s.post(f"{base}/v1/policies/default/act", json={"observation": "bad"}, timeout=10)
+            post(f"{SPLIT}/act", {"observation": "bad"})
+        elif i % 10 in (3, 7):
+            post(f"{SHADOW}/act", {"observation": obs})
+        elif i % 10 == 9:
+            post(f"{FAULTY}/act", {"observation": obs})
         else:
-            r = s.post(f"{base}/v1/policies/default/act", json={"observation": [0.01 * (i % 7)] * 4}, timeout=10)
-        counts[str(r.status_code)] = counts.get(str(r.status_code), 0) + 1
+            _episode(post, f"mon-{i}", episodes)
+            if i % 50 == 1:
+                post(f"{SPLIT}/feedback", {"session_id": f"mon-{i}", "reward": 1.0, "done": True})  # ended: 409
+                post(f"{SPLIT}/feedback", {"session_id": "never-acted", "reward": 1.0})  # unknown: 404
         time.sleep(0.02)
+
+
+def _episode(post, sid: str, episodes: dict[str, list[float]]) -> None:
+    """One episode on SPLIT: act, then post the step's reward (done on the last step); the version of the first
+    answer must answer every step (sticky sessions). Returns are recorded per version, or under "mixed"."""
+    versions, ret = [], 0.0
+    for step in range(STEPS):
+        r = post(f"{SPLIT}/act", {"observation": [0.01 * step] * 4, "session_id": sid})
+        if r.status_code != 200:
+            return
+        versions.append(r.json()["version"])
+        reward = REWARDS[versions[0]][len(episodes[versions[0]]) % 2]
+        done = step == STEPS - 1
+        if post(f"{SPLIT}/feedback", {"session_id": sid, "reward": reward, "done": done}).status_code != 200:
+            return
+        ret += reward
+    episodes[versions[0] if len(set(versions)) == 1 else "mixed"].append(ret)
 
 
 def _fail_unscraped(prom: Prometheus, head: RayHead, needed: tuple[str, ...], work: Path) -> None:
@@ -148,7 +193,7 @@ def _fail_unscraped(prom: Prometheus, head: RayHead, needed: tuple[str, ...], wo
         if prom.api("query", query=f"count_over_time({n}[1m]) >= 2")["result"]:
             continue
         where = "a recording rule: see its inputs" if ":" in n else \
-            "exported by Ray's metrics port (a scrape problem)" if n in exposition else \
+            "exported by Ray's metrics port (a scrape problem)" if n.split("{")[0] in exposition else \
             "absent from Ray's metrics port (never reported)"
         lines.append(f"{n}: {where}")
     targets = [(t["scrapeUrl"], t["health"], t.get("lastError", ""), t.get("lastScrapeDuration"))
@@ -195,7 +240,18 @@ def live(tmp_path_factory):
         prom = Prometheus(prom_bin, promconfig.local_config([f"127.0.0.1:{p}" for p in (head.metrics_port, as_port, dash_port)], [str(rules_path)],
                                                             interval=f"{SCRAPE_S}s"), work / "prometheus", port=prom_port)
         ckpt = make_module_checkpoint(work / "policy", "cartpole")
-        cfg = launch.with_overrides(launch.load_config(), policies={"default": str(ckpt)})
+        other = make_module_checkpoint(work / "policy-b", "cartpole", seed=1)
+        # Imported by this name, the name Ray's workers load the module class by (the repo root is on their
+        # PYTHONPATH), so the checkpoint pickles the class as tests.serving.faulty_modules.RaisingPPOModule.
+        if str(ROOT) not in sys.path:
+            sys.path.append(str(ROOT))
+        faulty = importlib.import_module("tests.serving.faulty_modules")
+        raising = faulty.faulty_checkpoint(work / "policy-raising", faulty.RaisingPPOModule)
+        cfg = launch.with_overrides(launch.load_config(), policies={n: str(ckpt) for n in (SPLIT, SHADOW, FAULTY)})
+        policies = launch.policy_deployment(cfg)["user_config"]["policies"]
+        policies[SPLIT]["candidate"] = {"checkpoint": str(other.resolve()), "weight": 0.5}
+        policies[SHADOW]["candidate"] = {"checkpoint": str(other.resolve()), "weight": 1.0, "mode": "shadow"}
+        policies[FAULTY]["candidate"] = {"checkpoint": str(raising.resolve()), "weight": 0.5}
         (work / "serve_config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
         serve_log = open(work / "serve.log", "w")
         serve = subprocess.Popen(
@@ -209,7 +265,8 @@ def live(tmp_path_factory):
         else:
             raise AssertionError(f"policy server exited {serve.wait()}:\n{(work / 'serve.log').read_text()[-3000:]}")
         counts: dict[str, int] = {}
-        traffic = threading.Thread(target=_traffic, args=(f"http://127.0.0.1:{serve_port}", stop, counts),
+        episodes: dict[str, list[float]] = {"champion": [], "candidate": [], "mixed": []}
+        traffic = threading.Thread(target=_traffic, args=(f"http://127.0.0.1:{serve_port}", stop, counts, episodes),
                                    daemon=True)
         traffic.start()
         # Training runs (about 30 s of CartPole, stopped by wall time, never "solved" early; a greedy evaluation
@@ -225,7 +282,10 @@ def live(tmp_path_factory):
         needed = ("ray_rl_train_episode_return_mean", "ray_rl_train_eval_return_mean",
                   "ray_rl_train_last_checkpoint_timestamp_seconds",
                   "ray_rl_train_learner_update_seconds", "rl_platform:serve_requests:rate5m",
-                  "ray_serve_deployment_replica_healthy", "ray_rl_serve_policy_info")
+                  "ray_serve_deployment_replica_healthy", "ray_rl_serve_policy_info",
+                  "ray_rl_serve_episodes_total", "ray_rl_serve_shadow_total", "ray_rl_serve_version_info",
+                  # The GCS's actor-state gauge ("All Actors by State"): one run's ~75 s of scrapes never saw it.
+                  'ray_actors{Source="gcs"}')
         gauges = " and ".join(f"count(count_over_time({n}[1m]) >= 2)" for n in needed)
         deadline = time.monotonic() + 300
         while not prom.api("query", query=gauges)["result"]:
@@ -239,7 +299,7 @@ def live(tmp_path_factory):
         traffic.join(timeout=15)
         dash_health = requests.get(f"http://127.0.0.1:{head.dashboard_port}/api/prometheus_health", timeout=30)
         yield {"prom": prom, "docs": docs, "rules": rules, "start": t0, "end": time.time(), "counts": counts,
-               "dashboard_health": dash_health, "setup_s": time.time() - t0}
+               "episodes": episodes, "dashboard_health": dash_health, "setup_s": time.time() - t0}
     finally:
         stop.set()
         for p in procs:
@@ -285,3 +345,38 @@ def test_ray_dashboard_metrics_view_reaches_prometheus(live):
     """RAY_PROMETHEUS_HOST on the head: the Ray dashboard's metrics view finds this Prometheus."""
     r = live["dashboard_health"]
     assert r.status_code == 200, r.text
+
+
+def _by(prom: Prometheus, query: str, at: float, label: str) -> dict[str, float]:
+    return {r["metric"].get(label, ""): float(r["value"][1]) for r in prom.api("query", query=query, time=at)["result"]}
+
+
+def test_canary_figures_follow_the_traffic(live):
+    """The per-version series and the canary rules' arithmetic agree with what the clients did: returns per version
+    (the rule's mean and the clients' own), the split, the failing candidate's errors, shadow comparisons; and the
+    worse-return condition holds for the candidate that earns less (its `for` is longer than this run)."""
+    prom, end, eps = live["prom"], live["end"], live["episodes"]
+    assert not eps["mixed"], f"{len(eps['mixed'])} sessions were answered by two versions"
+    assert min(len(eps["champion"]), len(eps["candidate"])) >= 30, {k: len(v) for k, v in eps.items()}
+    assert live["counts"].get("404") and live["counts"].get("409"), live["counts"]
+    rules = yaml.safe_load((ROOT / "charts" / "rl-platform" / "values.yaml").read_text())["monitoring"]["rules"]
+    # The 30m window holds the whole run: the rule's means are those of every episode Prometheus saw.
+    assert end - live["start"] < 1800 and rules["canaryReturnWindow"] == "30m"
+    mean = _by(prom, f'rl_platform:policy_version_return_mean:canary_window{{policy="{SPLIT}"}}', end, "version")
+    for version in ("champion", "candidate"):
+        client = sum(eps[version]) / len(eps[version])
+        assert mean.get(version) == pytest.approx(client, rel=0.1), (version, mean, client)
+    expr = next(r["expr"] for g in live["rules"]["groups"] for r in g["rules"]
+                if r.get("alert") == "RLPolicyCanaryWorseReturn")
+    z = prom.api("query", query=underlying(expr), time=end)["result"]
+    assert [r["metric"]["policy"] for r in z] == [SPLIT] and float(z[0]["value"][1]) > rules["canaryReturnZ"], z
+    by_version = "sum by (version, result) (increase(ray_rl_serve_version_requests_total{policy=\"%s\"}[30m]))"
+    split = _by(prom, f"sum by (version) ({by_version % SPLIT})", end, "version")
+    assert 0.3 < split["candidate"] / (split["candidate"] + split["champion"]) < 0.7, split
+    faulty = {(r["metric"]["version"], r["metric"]["result"]): float(r["value"][1])
+              for r in prom.api("query", query=by_version % FAULTY, time=end)["result"]}
+    assert faulty.get(("candidate", "error"), 0) > 0 and not faulty.get(("candidate", "ok")), faulty
+    assert not faulty.get(("champion", "error")), faulty
+    shadow = _by(prom, f'sum by (outcome) (increase(ray_rl_serve_shadow_total{{policy="{SHADOW}"}}[30m]))', end,
+                 "outcome")
+    assert shadow.get("agree", 0) + shadow.get("disagree", 0) > 0, shadow

@@ -81,6 +81,19 @@ def cartpole_checkpoint(serving_workdir) -> str:
 
 
 @pytest.fixture(scope="session")
+def solved_cartpole(serving_workdir) -> str:
+    """The default experiment trained until its *greedy* evaluation (10 episodes every 2nd iteration) reaches 475:
+    a training return of 450 alone sometimes leaves a greedy policy that fails an episode or two."""
+    out = serving_workdir / "train_solved"
+    cmd = [sys.executable, "-m", "trainer", f"output_dir={out}", "stop.episode_return_mean=null",
+           "stop.eval_return_mean=475", "evaluation.interval=2", "seed=1",
+           f"resources.ray_tmp_dir={serving_workdir / 'ray_solved'}"]
+    proc = subprocess.run(cmd, cwd=REPO, env=subprocess_env(), capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, f"trainer failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return json.loads(proc.stdout.strip().splitlines()[-1])["checkpoint"]
+
+
+@pytest.fixture(scope="session")
 def cartpole_v2_checkpoint(serving_workdir) -> str:
     """A second CartPole policy (different weights and id) to reload to."""
     return str(make_module_checkpoint(serving_workdir / "cartpole_v2", "cartpole", seed=1))

@@ -41,19 +41,6 @@ def eval_json(*args: str) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-@pytest.fixture(scope="module")
-def solved_cartpole(serving_workdir) -> str:
-    """The default experiment trained until its *greedy* evaluation (10 episodes every 2nd iteration) reaches 475:
-    a training return of 450 alone sometimes leaves a greedy policy that fails an episode or two."""
-    out = serving_workdir / "train_solved"
-    cmd = [sys.executable, "-m", "trainer", f"output_dir={out}", "stop.episode_return_mean=null",
-           "stop.eval_return_mean=475", "evaluation.interval=2", "seed=1",
-           f"resources.ray_tmp_dir={serving_workdir / 'ray_solved'}"]
-    proc = subprocess.run(cmd, cwd=REPO, env=subprocess_env(), capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, f"trainer failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-    return json.loads(proc.stdout.strip().splitlines()[-1])["checkpoint"]
-
-
 def test_gate_refuses_a_weak_policy_and_a_server_on_champion_follows_promote_and_rollback(
         serving_workdir, cartpole_checkpoint, solved_cartpole):
     registry = serving_workdir / "registry"
@@ -110,7 +97,8 @@ def test_gate_refuses_a_weak_policy_and_a_server_on_champion_follows_promote_and
         info = requests.get(srv.base + "/v1/policies/cp", timeout=10).json()
         assert info["registry"]["version"] == 2 and info["evaluation"]["eval_id"] == good["eval_id"], info
         # The metrics say which registry version serves and how it evaluated.
-        wait_for(lambda: _served_version_metrics(srv, good_id), 90, "policy_info{version=2} and the eval gauge",
+        wait_for(lambda: _served_version_metrics(srv, good_id), 90,
+                 "policy_info{registry_version=2} and the eval gauge",
                  interval=1, on_timeout=lambda: "\n".join(l for l in scrape(srv.metrics_url).splitlines()
                                                           if "rl_serve_policy_" in l))
 
@@ -132,8 +120,8 @@ def test_gate_refuses_a_weak_policy_and_a_server_on_champion_follows_promote_and
 
 def _served_version_metrics(srv: ServerProcess, checkpoint_id: str) -> bool:
     text = scrape(srv.metrics_url)
-    info = metric_samples(text, "ray_rl_serve_policy_info", policy="cp", checkpoint_id=checkpoint_id, version="2",
-                          alias="champion")
+    info = metric_samples(text, "ray_rl_serve_policy_info", policy="cp", checkpoint_id=checkpoint_id,
+                          registry_version="2", alias="champion")
     ev = metric_samples(text, "ray_rl_serve_policy_eval_return", policy="cp", checkpoint_id=checkpoint_id,
                         stat="ci95_low")
     return bool(info) and info[0][1] == 1.0 and bool(ev) and ev[0][1] >= 400

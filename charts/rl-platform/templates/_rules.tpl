@@ -43,6 +43,83 @@ from .Values.monitoring.rules. `tests/chart` runs `promtool check rules` and `pr
       annotations:
         summary: A served RL policy fails more than {{ mulf $r.policyErrorRatio 100 | printf "%g" }}% of its requests.
         description: 'Policy {{ "{{ $labels.policy }}" }} in {{ "{{ $labels.namespace }}/{{ $labels.ray_io_cluster }}" }}: {{ "{{ $value | humanizePercentage }}" }} errors.'
+    {{- /*
+    Canary (a policy's candidate version) against its champion, per policy: the `version` label is the role
+    ("champion" | "candidate"), so the two sides are joined on the policy and the labels our PodMonitors add.
+    */}}
+    {{- $pv := printf "%s, policy, version" $by }}
+    {{- $on := printf "on(%s, policy)" $by }}
+    {{- $w := $r.canaryReturnWindow }}
+    - record: rl_platform:policy_version_requests:rate5m
+      expr: sum by ({{ $pv }}) (rate({{ $m.policyVersionRequests }}[5m]))
+    - record: rl_platform:policy_version_errors:rate5m
+      expr: sum by ({{ $pv }}) (rate({{ $m.policyVersionRequests }}{result="error"}[5m]))
+    - record: rl_platform:policy_version_latency_ms:p99_5m
+      expr: histogram_quantile(0.99, sum by ({{ $pv }}, le) (rate({{ $m.policyVersionLatencyBucket }}[5m])))
+    # Episodes that ended on each version within the canary window, and their returns' mean and variance. The return
+    # gauges are running totals per replica, so delta() over the window is the window's sum (rewards may be negative).
+    - record: rl_platform:policy_version_episodes:canary_window
+      expr: sum by ({{ $pv }}) (increase({{ $m.policyEpisodes }}[{{ $w }}]))
+    - record: rl_platform:policy_version_return_mean:canary_window
+      expr: sum by ({{ $pv }}) (delta({{ $m.policyEpisodeReturnSum }}[{{ $w }}])) / rl_platform:policy_version_episodes:canary_window
+    - record: rl_platform:policy_version_return_var:canary_window
+      expr: |-
+        clamp_min(sum by ({{ $pv }}) (delta({{ $m.policyEpisodeReturnSqSum }}[{{ $w }}])) / rl_platform:policy_version_episodes:canary_window
+          - rl_platform:policy_version_return_mean:canary_window ^ 2, 0)
+    # One-sided test (as rl-rollout judges a step): z = (champion mean - candidate mean - margin) / standard error of
+    # the difference. Only once both versions ended canaryMinEpisodes episodes in the window, and not while either
+    # version changed checkpoint within it (its return gauge restarted from 0 then; the window would mix two models).
+    - alert: RLPolicyCanaryWorseReturn
+      expr: |-
+        (
+          (
+            rl_platform:policy_version_return_mean:canary_window{version="champion"}
+              - {{ $on }} rl_platform:policy_version_return_mean:canary_window{version="candidate"}
+              - {{ $r.canaryReturnMargin }}
+          )
+          / {{ $on }} sqrt(
+            rl_platform:policy_version_return_var:canary_window{version="champion"} / rl_platform:policy_version_episodes:canary_window{version="champion"}
+              + {{ $on }} rl_platform:policy_version_return_var:canary_window{version="candidate"} / rl_platform:policy_version_episodes:canary_window{version="candidate"}
+          )
+          and {{ $on }} (min by ({{ $by }}, policy) (rl_platform:policy_version_episodes:canary_window{version=~"champion|candidate"}) >= {{ $r.canaryMinEpisodes }})
+          unless {{ $on }} (count by ({{ $pv }}) (max by ({{ $pv }}, checkpoint_id) (max_over_time({{ $m.policyVersionInfo }}[{{ $w }}])) == 1) > 1)
+        ) > {{ $r.canaryReturnZ }}
+      for: {{ $r.canaryFor }}
+      labels:
+        severity: warning
+      annotations:
+        summary: A policy's canary earns a lower episode return than its champion.
+        description: 'Policy {{ "{{ $labels.policy }}" }} in {{ "{{ $labels.namespace }}/{{ $labels.ray_io_cluster }}" }}: the candidate''s mean episode return over {{ $w }} is below the champion''s by more than {{ $r.canaryReturnMargin }} (z = {{ "{{ $value | humanize }}" }} > {{ $r.canaryReturnZ }}, at least {{ $r.canaryMinEpisodes }} episodes each); roll it back.'
+    # `or ... * 0`: the error series exist only after a first error; the ratio is 0, not missing, before.
+    - alert: RLPolicyCanaryErrorRatioHigh
+      expr: |-
+        (
+          (rl_platform:policy_version_errors:rate5m{version="candidate"} or rl_platform:policy_version_requests:rate5m{version="candidate"} * 0)
+            / rl_platform:policy_version_requests:rate5m{version="candidate"}
+          unless {{ $on }}
+          (
+            (rl_platform:policy_version_errors:rate5m{version="champion"} or rl_platform:policy_version_requests:rate5m{version="champion"} * 0)
+              / rl_platform:policy_version_requests:rate5m{version="champion"} > {{ $r.canaryErrorRatio }}
+          )
+        ) > {{ $r.canaryErrorRatio }}
+      for: {{ $r.canaryFor }}
+      labels:
+        severity: warning
+      annotations:
+        summary: A policy's canary fails more than {{ mulf $r.canaryErrorRatio 100 | printf "%g" }}% of its requests while its champion does not.
+        description: 'Policy {{ "{{ $labels.policy }}" }} in {{ "{{ $labels.namespace }}/{{ $labels.ray_io_cluster }}" }}: the candidate fails {{ "{{ $value | humanizePercentage }}" }} of its requests over 5m (the champion answered them); roll it back.'
+    - alert: RLPolicyCanaryLatencyHigh
+      expr: |-
+        (
+          rl_platform:policy_version_latency_ms:p99_5m{version="candidate"}
+          unless {{ $on }} (rl_platform:policy_version_latency_ms:p99_5m{version="champion"} > {{ $r.canaryLatencyP99Ms }})
+        ) > {{ $r.canaryLatencyP99Ms }}
+      for: {{ $r.canaryFor }}
+      labels:
+        severity: warning
+      annotations:
+        summary: A policy's canary answers slower than {{ $r.canaryLatencyP99Ms }} ms at p99 while its champion does not.
+        description: 'Policy {{ "{{ $labels.policy }}" }} in {{ "{{ $labels.namespace }}/{{ $labels.ray_io_cluster }}" }}: candidate p99 {{ "{{ $value | humanize }}" }} ms over 5m; roll it back.'
 - name: rl-platform.training
   rules:
     - record: rl_platform:env_steps_sampled:rate5m

@@ -5,8 +5,8 @@ candidate mirroring every request, side by side in one run. A script, not a test
     .venv/bin/python bench/canary_bench.py --checkpoint outputs/cartpole_ppo/checkpoints/final   (make canary-bench)
 
 Three `python -m serving` processes (embedded Ray each, the one serve_config.yaml, `--ingress direct`) serve the
-same CartPole checkpoint as champion; the candidate is a second checkpoint of the same shape (an untrained
-module, so its forward costs the same). Their phases alternate run by run (baseline, split, shadow, baseline,
+same CartPole checkpoint as champion; the candidate is a copy of it under another checkpoint_id (so its forward
+costs exactly the same, and shadow agreement must be 1.0). Their phases alternate run by run (baseline, split, shadow, baseline,
 ...) on the same client (serve_bench's raw keep-alive HTTP/1.1 client), so the shared machine's noise falls on
 all three alike; the figures that matter are the ratios to the baseline:
 
@@ -51,11 +51,18 @@ VARIANTS = {
 }
 
 
-def untrained_candidate(work: Path) -> str:
-    sys.path.insert(0, str(REPO / "tests" / "serving"))
-    from make_checkpoint import make_module_checkpoint
+def twin_candidate(champion: str, work: Path) -> str:
+    """The champion's checkpoint copied under a new checkpoint_id: the same module, so the candidate's forward
+    costs exactly the champion's and a shadow run must agree on every action."""
+    import dataclasses
 
-    return str(make_module_checkpoint(work / "candidate", "cartpole", seed=3))
+    from rl_checkpoint import Storage, resolve, write_metadata
+
+    out = work / "candidate"
+    shutil.copytree(champion, out)
+    meta = resolve(str(out)).metadata
+    write_metadata(Storage.open(str(out)), dataclasses.replace(meta, checkpoint_id=meta.checkpoint_id + "-twin"))
+    return str(out)
 
 
 def write_config(path: Path, champion: str, candidate: str, variant: dict | None) -> None:
@@ -91,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     load_before = os.getloadavg()
     work = Path(tempfile.mkdtemp(prefix="canary_bench_"))
     champion = ensure_checkpoint(args.checkpoint, work)
-    candidate = untrained_candidate(work)
+    candidate = twin_candidate(champion, work)
 
     import numpy as np
 
@@ -160,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "host": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
                  "loadavg_before": load_before, "loadavg_at_end": os.getloadavg()},
-        "setup": {"champion": champion, "candidate": "untrained CartPole module (same shape)", "clients": args.clients,
+        "setup": {"champion": champion, "candidate": "copy of the champion under another checkpoint_id", "clients": args.clients,
                   "sequential_requests": args.sequential, "concurrent_seconds": args.seconds, "repeats": args.repeats,
                   "variants": VARIANTS, "ingress": "direct",
                   "order": "baseline, split_10, shadow alternating per run, one client"},

@@ -47,6 +47,9 @@ ACT_FIELDS = ("observation", "frame", "session_id", "reset")
 FEEDBACK_FIELDS = ("session_id", "reward", "done")
 SHADOW_QUEUE = 1024  # items waiting for the shadow worker; more are dropped (and counted)
 SHADOW_BATCH = 16  # observations per shadow forward: small, so the worker holds the GIL in short slices
+# After the first mirrored item the worker waits this long for more before one forward: at a few hundred
+# requests/s a forward per item would take the GIL from the request path as often as requests arrive.
+SHADOW_LINGER_S = 0.005
 ENDED_PER_SESSION = 4  # ended sessions remembered (for 409 vs 404): this many times max_sessions
 
 
@@ -291,9 +294,10 @@ class ShadowWorker:
             if item is None:
                 return
             items, rows = [item], (len(item[3]) if item[5] else 1)
+            until = time.monotonic() + SHADOW_LINGER_S
             while rows < SHADOW_BATCH:
                 try:
-                    nxt = self.q.get_nowait()
+                    nxt = self.q.get(timeout=max(0.0, until - time.monotonic()))
                 except queue.Empty:
                     break
                 if nxt is None:

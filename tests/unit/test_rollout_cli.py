@@ -1,5 +1,7 @@
-"""rl-rollout's bad input through the installed console script (no Ray, no server unless one is faked): each is
-exit 2 with one line `error: ...` naming the problem, and nothing is written to the config."""
+"""rl-rollout's bad input through the installed console script (no Ray, no server): each is exit 2 with one line
+`error: ...` naming the problem, and nothing is written to the config. The checks that need the policy server
+(a missing candidate, a bad registry reference, the champion itself) run against the real one in
+tests/serving/test_rollout.py."""
 
 from __future__ import annotations
 
@@ -100,37 +102,6 @@ def test_targets(env):
     one_line_error(rollout("status", "cartpole", "--config", str(tmp / "missing.yaml")), 2, "no such file")
     one_line_error(rollout("status", "cartpole", "--rayservice", "rl", "--kubeconfig", str(tmp / "none")), 2,
                    "no kubeconfig")
-
-
-def test_missing_candidate_and_bad_registry_ref(env, tmp_path):
-    """A fake server that answers the policy info: the candidate checks come after the server is reached."""
-    import threading
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-    class H(BaseHTTPRequestHandler):
-        def log_message(self, *a):
-            pass
-
-        def do_GET(self):
-            body = json.dumps({"name": "cartpole", "checkpoint_id": "champ", "candidate": None}).encode()
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{srv.server_address[1]}"
-    tmp, cfg = env
-    try:
-        one_line_error(rollout("start", "cartpole", str(tmp / "nothing"), "--config", str(cfg), "--server", url), 2,
-                       "candidate checkpoint directory", "does not exist")
-        one_line_error(rollout("start", "cartpole", f"registry:{tmp}/reg/cartpole@3", "--config", str(cfg),
-                               "--server", url), 2, "candidate 'registry:")
-        one_line_error(rollout("start", "cartpole", str(tmp / "champ"), "--config", str(cfg), "--server", url), 2,
-                       "is the champion of cartpole already")
-    finally:
-        srv.shutdown()
 
 
 def test_a_running_rollout_is_named_and_status_reads_it_from_the_config_alone(env):

@@ -1,7 +1,9 @@
 """rl-rollout's state in the Serve config (rl_rollout.state, targets.LocalFile) and its figures sources
 (rl_rollout.sources): step parsing, the state's round trip through a real config file (which the server's own
-schema accepts), the PromQL it sends (string level) and the parsing of both sources' answers, the RayService
-patch (only serveConfigV2, resourceVersion as precondition, a conflict retried) against a fake API."""
+schema accepts), the PromQL it sends (string level), the parsing and replica summing of stats answers, the
+RayService patch (only serveConfigV2, resourceVersion as precondition, a conflict retried) against a fake API.
+Both figures sources against the real thing (a policy server, a Prometheus scraping it) are in
+tests/serving/test_rollout.py."""
 
 from __future__ import annotations
 
@@ -154,33 +156,6 @@ def test_prom_selector_validation(sel, ok):
             sources.check_selector(sel)
 
 
-def vec(*rows):
-    return [{"metric": m, "value": [0, str(v)]} for m, v in rows]
-
-
-def test_prometheus_answers_become_a_snapshot(monkeypatch):
-    p = sources.Prometheus("http://prom:9090/", "cartpole")
-    answers = {
-        "requests": vec(({"version": "champion"}, 900), ({"version": "candidate"}, 100)),
-        "errors": vec(({"version": "candidate"}, 7)),
-        "latency": vec(({"version": "candidate", "le": "1.0"}, 90), ({"version": "candidate", "le": "+Inf"}, 93),
-                       ({"version": "candidate", "le": "0.5"}, 50)),
-        "episodes": vec(({"version": "champion"}, 40), ({"version": "candidate"}, 4)),
-        "return_sum": vec(({"version": "candidate"}, 80.0)), "return_sq_sum": vec(({"version": "candidate"}, 1700)),
-        "sessions": vec(({"version": "champion"}, 3)),
-        "shadow": vec(({"outcome": "agree"}, 8), ({"outcome": "disagree"}, 2), ({"outcome": "dropped"}, 1)),
-    }
-    monkeypatch.setattr(p, "instant", lambda q: answers[next(f for f in sources.SERIES
-                                                             if sources.query(f, "cartpole") == q)])
-    s = p.fetch()
-    c = s.candidate
-    assert (c.requests, c.errors, c.episodes, c.return_sum) == (100, 7, 4, 80.0)
-    assert c.latency_le == (0.5, 1.0, math.inf) and c.latency_counts == (50, 90, 93)
-    assert c.shadow == {"compared": 10, "agreed": 8, "dropped": 1, "errors": 0} and c.agreement == 0.8
-    assert s.champion.active_sessions == 3 and c.active_sessions is None  # no series: unknown, not 0
-    assert s.champion.latency_counts == () and s.champion.requests == 900
-
-
 def test_prometheus_unreachable_is_unavailable_with_one_line():
     p = sources.Prometheus("http://127.0.0.1:9", "cartpole")
     with pytest.raises(FiguresUnavailable, match=r"Prometheus at http://127.0.0.1:9 is unreachable: connection refused"):
@@ -198,34 +173,21 @@ STATS = {"policy": "cartpole", "replica": "r1", "at": 10.0, "versions": {
                   "shadow": {"compared": 0, "agreed": 0, "dropped": 0, "errors": 0}}}}
 
 
-class FakeServer:
-    def __init__(self, answers):
-        self.answers = list(answers)
-
-    def stats(self, name):
-        return self.answers.pop(0)
-
-    url = "http://fake"
-
-
-def test_server_stats_become_a_snapshot_summed_over_replicas():
-    import copy
-
-    r2 = copy.deepcopy(STATS)
-    r2["replica"] = "r2"
-    src = sources.ServerStats(FakeServer([STATS, r2, STATS]), "cartpole")
-    one = src.fetch()
-    assert one.candidate.requests == 10 and one.candidate.latency_le == (1.0, math.inf)
-    assert one.champion.active_sessions == 2 and one.candidate.checkpoint_id == "b"
-    two = src.fetch()
-    assert two.candidate.requests == 20 and two.candidate.latency_counts == (18, 20)
-    assert two.champion.episodes == 6 and two.champion.weight == 0.75
-    assert src.fetch().champion.requests == 60  # the same replica again replaces its own figures
-
-
-def test_a_malformed_stats_answer_is_unavailable():
-    with pytest.raises(FiguresUnavailable, match="unexpected answer"):
-        sources.ServerStats(FakeServer([{"versions": {}}]), "cartpole").fetch()
+def test_stats_answers_parse_and_two_replicas_sum_bucket_by_bucket():
+    """The pure part of sources.ServerStats (its fetch against the real server is in tests/serving/test_rollout.py):
+    one replica's answer -> VersionFigures, and two replicas' figures of one version summed."""
+    champ = sources.version_from_stats(STATS["versions"]["champion"])
+    cand = sources.version_from_stats(STATS["versions"]["candidate"])
+    assert cand.requests == 10 and cand.latency_le == (1.0, math.inf) and cand.latency_counts == (9, 10)
+    assert champ.active_sessions == 2 and cand.checkpoint_id == "b" and champ.weight == 0.75
+    assert cand.shadow == {"compared": 0, "agreed": 0, "dropped": 0, "errors": 0} and champ.shadow is None
+    two = sources.add(cand, cand)
+    assert two.requests == 20 and two.latency_counts == (18, 20) and two.active_sessions == 2
+    assert sources.add(champ, champ).episodes == 6 and sources.add(champ, champ).return_sq_sum == 620.0
+    other = sources.version_from_stats({**STATS["versions"]["candidate"],
+                                        "latency_ms": {"le": [2.0, "+Inf"], "counts": [1, 1]}})
+    with pytest.raises(FiguresUnavailable, match="replicas report different latency buckets"):
+        sources.add(cand, other)
 
 
 # --------------------------------------------------------------------------------------------- RayService

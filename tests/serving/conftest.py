@@ -148,7 +148,9 @@ class ServerProcess:
                     pass
         self.events.put({"event": "exited"})
 
-    def wait_event(self, name: str, timeout_s: float) -> dict:
+    def wait_event(self, name: str | tuple[str, ...], timeout_s: float) -> dict:
+        """The next event named `name` (or any of the names), failing on timeout or if the server exits."""
+        names = (name,) if isinstance(name, str) else name
         deadline = time.monotonic() + timeout_s
         while True:
             left = deadline - time.monotonic()
@@ -158,7 +160,7 @@ class ServerProcess:
                 ev = self.events.get(timeout=left)
             except queue.Empty:
                 continue
-            if ev.get("event") == name:
+            if ev.get("event") in names:
                 return ev
             if ev.get("event") == "exited":
                 raise AssertionError(f"server exited ({self.proc.poll()}) waiting for {name!r}:\n{self.log_tail()}")

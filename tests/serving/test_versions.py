@@ -10,7 +10,6 @@ whose forward raises, frame stacks across a promotion).
 from __future__ import annotations
 
 import math
-import queue
 import threading
 import time
 import uuid
@@ -92,21 +91,10 @@ def apply(srv: ServerProcess, spec, expect: str = "reloaded", check_paths: bool 
     the first `reloaded` / `reload_failed` event, which must be `expect`."""
     srv.user_config["revision"] = uuid.uuid4().hex  # the file always changes, so an event always comes
     srv.write_config({"default": spec}, check_paths=check_paths)
-    deadline = time.monotonic() + timeout_s
-    while True:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise AssertionError(f"no reload event in {timeout_s}s; log tail:\n{srv.log_tail()}")
-        try:
-            ev = srv.events.get(timeout=left)
-        except queue.Empty:
-            continue
-        if ev.get("event") == "exited":
-            raise AssertionError(f"server exited:\n{srv.log_tail()}")
-        if ev.get("event") in ("reloaded", "reload_failed"):
-            assert ev["event"] == expect, f"expected {expect}, got {ev}\n{srv.log_tail()}"
-            assert ev.get("trigger") == "config_changed", ev
-            return ev
+    ev = srv.wait_event(("reloaded", "reload_failed"), timeout_s)
+    assert ev["event"] == expect, f"expected {expect}, got {ev}\n{srv.log_tail()}"
+    assert ev.get("trigger") == "config_changed", ev
+    return ev
 
 
 def spec(champion: str, cand: str | None = None, weight: float = 0.0, mode: str = "split", **extra):

@@ -123,10 +123,17 @@ def served_info(ctx: Context) -> dict[str, Any]:
         raise RolloutError(str(e)) from None
 
 
-def _load_error(info: dict[str, Any]) -> str | None:
+def _load_error(info: dict[str, Any], candidate: str | None = None) -> str | None:
+    """The server's load error for `candidate` (any candidate when None). An error about another checkpoint is
+    stale (a candidate of an earlier config, until the server applies the new one) and is not ours."""
     err = info.get("candidate_error")
     if not err:
         return None
+    if candidate is not None and isinstance(err, dict) and err.get("checkpoint"):
+        from rl_checkpoint import redact
+
+        if err["checkpoint"] not in (candidate, redact(candidate)):
+            return None
     if isinstance(err, dict):
         err = err.get("message") or err.get("error") or err
     return " ".join(str(err).split())
@@ -185,7 +192,7 @@ def wait_applied(ctx: Context, st: RolloutState, expect: str, marker: Any = None
                 done, why, info = False, str(e), {}
             cand = info.get("candidate") if info else None
             if expect == "candidate" and info:
-                err = _load_error(info)
+                err = _load_error(info, st.candidate)
                 if err and not (cand and cand.get("checkpoint_id") == st.candidate_checkpoint_id):
                     raise CandidateLoadError(err)
                 if not cand:
@@ -434,7 +441,7 @@ def _drive(ctx: Context, st: RolloutState) -> int:
             unavailable = str(e)
         if snap is not None and snap.candidate is None and ctx.server is not None:
             try:
-                err = _load_error(ctx.server.info(st.policy))
+                err = _load_error(ctx.server.info(st.policy), st.candidate)
             except (FiguresUnavailable, LookupError) as e:
                 err, unavailable = None, str(e)
             if err:

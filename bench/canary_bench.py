@@ -24,7 +24,6 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import shutil
 import statistics
 import subprocess
@@ -41,6 +40,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO / "bench"))
 
+import benchkit  # noqa: E402
 from serve_bench import build_request, concurrent, ensure_checkpoint, pct, sequential, stop_server, wait_ready  # noqa: E402
 from trainer_helpers import free_ports  # noqa: E402
 
@@ -92,7 +92,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--clients", type=int, default=8)
     p.add_argument("--seconds", type=float, default=5.0, help="duration of each concurrent run")
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--out", default=str(REPO / "bench" / "results" / "canary_bench.json"))
     p.add_argument("--keep", action="store_true")
     args = p.parse_args(argv)
     load_before = os.getloadavg()
@@ -165,8 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {
         "benchmark": "canary_bench",
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "host": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
-                 "loadavg_before": load_before, "loadavg_at_end": os.getloadavg()},
+        "host": benchkit.machine(load_before),
         "setup": {"champion": champion, "candidate": "copy of the champion under another checkpoint_id", "clients": args.clients,
                   "sequential_requests": args.sequential, "concurrent_seconds": args.seconds, "repeats": args.repeats,
                   "variants": VARIANTS, "ingress": "direct",
@@ -182,12 +180,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"kept {work}")
     else:
         shutil.rmtree(work, ignore_errors=True)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    benchkit.write("canary_bench", result)
     print(json.dumps({"ratios_to_baseline": ratios, "shadow_outcomes": result["shadow_outcomes"],
                       "goals": result["goals"]}, indent=1))
-    print(f"wrote {out}")
     return 0
 
 

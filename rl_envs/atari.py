@@ -8,7 +8,7 @@ so the env emits single (dim, dim, 1) frames.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Mapping
 
 import gymnasium as gym
@@ -23,13 +23,33 @@ class AtariConfig:
     # Side of the square greyscale frame after preprocessing.
     dim: int = 64
 
+    @classmethod
+    def of(cls, config: Mapping[str, Any] | None) -> "AtariConfig":
+        config = dict(config or {})
+        unknown = sorted(set(config) - {f.name for f in fields(cls)})
+        if unknown:
+            raise ValueError(f"atari env: unknown env_config keys {unknown}; known: {[f.name for f in fields(cls)]}")
+        return cls(**config)
+
+    def check(self) -> "AtariConfig":
+        """The env's rules for its config (the trainer checks them before Ray starts): raises ValueError."""
+        import ale_py  # registers the ALE/* ids (0.2 s; no emulator started)
+
+        gym.register_envs(ale_py)
+        if self.game not in gym.envs.registry:
+            games = sorted(k for k in gym.envs.registry if k.startswith("ALE/") and k.endswith("-v5"))
+            raise ValueError(f"atari env: unknown game {self.game!r}; e.g. {', '.join(games[:5])}, ...")
+        if not 16 <= int(self.dim) <= 210:
+            raise ValueError(f"atari env: `dim` must be in [16, 210] (the frame is 210x160), got {self.dim}")
+        return self
+
 
 def make_atari(cfg: Mapping[str, Any]) -> gym.Env:
     import ale_py  # ships the ROMs
     from ray.rllib.env.wrappers.atari_wrappers import wrap_atari_for_new_api_stack
 
     gym.register_envs(ale_py)
-    c = AtariConfig(**dict(cfg))
+    c = AtariConfig.of(cfg).check()
     game, dim = c.game, int(c.dim)
     env = gym.make(game, frameskip=1, repeat_action_probability=0.0, full_action_space=False)
     return wrap_atari_for_new_api_stack(env, dim=dim, framestack=None)

@@ -29,6 +29,14 @@ class EnvSpec:
     # an evaluation's confidence interval (None = no floor unless `--min-return` is given).
     solved_return: float | None = None
 
+    def check_config(self, env_config: Mapping[str, Any]) -> None:
+        """The env's own rules for a merged env_config, cheaply: its config class's check() where it has one, else
+        build the env once (CartPole: milliseconds). Raises ValueError/TypeError naming the problem."""
+        if self.config_class is not None:
+            self.config_class.of(env_config).check()
+        else:
+            self.creator(env_config).close()
+
     @property
     def default_config(self) -> dict[str, Any]:
         return dataclasses.asdict(self.config_class()) if self.config_class else {}

@@ -39,21 +39,31 @@ class TradingConfig:
             raise ValueError(f"trading env: unknown env_config keys {unknown}; known: {[f.name for f in fields(cls)]}")
         return cls(**config)
 
+    def check(self) -> "TradingConfig":
+        """The env's rules for its config (the trainer checks them before Ray starts): raises ValueError."""
+        if not self.symbols:
+            raise ValueError("trading env: `symbols` must name at least one symbol")
+        if len(set(self.symbols)) != len(self.symbols):
+            raise ValueError(f"trading env: `symbols` must be distinct, got {list(self.symbols)}")
+        if self.window_size < 1 or self.episode_length < 1:
+            raise ValueError("trading env: `window_size` and `episode_length` must be >= 1")
+        if not 0 <= self.transaction_cost < 1:
+            raise ValueError(f"trading env: `transaction_cost` must be in [0, 1), got {self.transaction_cost}")
+        if not self.volatility > 0:
+            raise ValueError(f"trading env: `volatility` must be > 0, got {self.volatility}")
+        return self
+
 
 class TradingEnv(gym.Env):
     metadata = {"render_modes": []}
 
     def __init__(self, config: Mapping[str, Any] | None = None):
-        cfg = TradingConfig.of(config)
+        cfg = TradingConfig.of(config).check()
         self.symbols = list(cfg.symbols)
         self.window_size = int(cfg.window_size)
         self.episode_length = int(cfg.episode_length)
         self.cost = float(cfg.transaction_cost)
         self.volatility = float(cfg.volatility)
-        if not self.symbols:
-            raise ValueError("trading env: `symbols` must name at least one symbol")
-        if self.window_size < 1 or self.episode_length < 1:
-            raise ValueError("trading env: `window_size` and `episode_length` must be >= 1")
         n = len(self.symbols)
         obs_len = n * self.window_size + n
         # Returns are expressed in units of volatility and clipped, so the space is bounded (servers validate it).

@@ -52,12 +52,15 @@ def run(cfg: DictConfig) -> dict:
 
     prepare_embedded_ray(cfg.resources, log)  # before anything imports ray
 
-    from rl_checkpoint import Storage
+    from rl_checkpoint import Storage, redact
     from trainer.artifacts import run_summary
     from trainer.startup import STARTUP
 
-    storage = Storage.open(cfg.output_dir)
-    storage.write_bytes(OmegaConf.to_yaml(cfg, resolve=True).encode(), "config.yaml")
+    try:  # the first write: an output_dir the run could never checkpoint into fails now, before Ray starts
+        storage = Storage.open(cfg.output_dir)
+        storage.write_bytes(OmegaConf.to_yaml(cfg, resolve=True).encode(), "config.yaml")
+    except OSError as e:
+        raise TrainerError(f"output_dir {redact(cfg.output_dir)} is not writable: {e}") from None
     log(f"experiment {cfg.experiment}: algo={cfg.algo.name} env={cfg.env.name} tune={cfg.tune.scheduler} "
         f"output_dir={storage.location}")
 

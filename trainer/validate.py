@@ -34,6 +34,8 @@ def validate(cfg) -> None:
         raise TrainerError(f"unknown algo.name {cfg.algo.name!r}; known: {', '.join(ALGO_SCHEMAS)}")
     if cfg.env.name not in ENVS:
         raise TrainerError(f"unknown env.name {cfg.env.name!r}; known: {', '.join(sorted(ENVS))}")
+    _check_env_config(cfg)
+    _check_ranges(cfg)
     if cfg.tune.scheduler not in ("none", "asha", "hyperband", "pbt"):
         raise TrainerError(f"unknown tune.scheduler {cfg.tune.scheduler!r}; known: none, asha, hyperband, pbt")
     if cfg.tune.mode not in ("max", "min"):
@@ -79,18 +81,84 @@ def validate(cfg) -> None:
     problem = check_precision(a.precision, r.num_learners, r.num_gpus_per_learner, a.grad_clip)
     if problem:
         raise TrainerError(problem)
-    if a.lr <= 0 or a.train_batch_size <= 0:
-        raise TrainerError("algo.lr and algo.train_batch_size must be > 0")
     if a.name == "ppo" and a.minibatch_size > a.train_batch_size:
         raise TrainerError(f"algo.minibatch_size ({a.minibatch_size}) > algo.train_batch_size ({a.train_batch_size})")
-    if cfg.env.num_envs_per_env_runner < 1:
-        raise TrainerError("env.num_envs_per_env_runner must be >= 1")
+    rfl = cfg.env.rollout_fragment_length
+    if rfl != "auto" and (isinstance(rfl, bool) or not isinstance(rfl, int) or rfl < 1):
+        raise TrainerError(f"env.rollout_fragment_length must be \"auto\" or an integer >= 1, got {rfl!r}")
     if cfg.debug.timeline and "://" in cfg.debug.timeline:
         raise TrainerError(f"debug.timeline must be a local file path, not {cfg.debug.timeline!r}")
     if cfg.checkpoint.every_n_iterations < 0 or cfg.checkpoint.keep < 1:
         raise TrainerError("checkpoint.every_n_iterations must be >= 0 and checkpoint.keep >= 1")
     if cfg.tune.scheduler != "none":
         check_param_space(cfg)
+
+
+# Numeric bounds Hydra's types cannot express: (key, low, high, low excluded). A key the composed config does not
+# have (another algorithm's) or set to null is skipped.
+RANGES = [
+    ("algo.lr", 0, None, True),
+    ("algo.gamma", 0, 1, False),
+    ("algo.train_batch_size", 1, None, False),
+    ("algo.grad_clip", 0, None, True),
+    ("algo.steps_per_iteration", 1, None, False),
+    ("algo.minibatch_size", 1, None, False),
+    ("algo.num_epochs", 1, None, False),
+    ("algo.lambda_", 0, 1, False),
+    ("algo.clip_param", 0, None, True),
+    ("algo.vf_clip_param", 0, None, True),
+    ("algo.entropy_coeff", 0, None, False),
+    ("algo.vf_loss_coeff", 0, None, False),
+    ("algo.kl_coeff", 0, None, False),
+    ("algo.n_step", 1, None, False),
+    ("algo.target_network_update_freq", 1, None, False),
+    ("algo.num_steps_sampled_before_learning_starts", 0, None, False),
+    ("algo.replay_capacity", 1, None, False),
+    ("algo.epsilon_initial", 0, 1, False),
+    ("algo.epsilon_final", 0, 1, False),
+    ("algo.epsilon_timesteps", 0, None, False),
+    ("env.num_envs_per_env_runner", 1, None, False),
+    ("resources.num_cpus", 1, None, False),
+    ("resources.num_cpus_per_env_runner", 0, None, False),
+    ("resources.num_cpus_per_learner", 0, None, False),
+    ("resources.num_gpus_per_learner", 0, None, False),
+    ("tune.num_samples", 1, None, False),
+    ("tune.max_concurrent_trials", 1, None, False),
+    ("tune.grace_period", 1, None, False),
+    ("tune.reduction_factor", 1, None, True),
+    ("tune.max_t", 1, None, False),
+    ("tune.perturbation_interval", 1, None, False),
+    ("tune.max_failures", -1, None, False),
+    ("log_every", 1, None, False),
+]
+
+
+def _check_ranges(cfg) -> None:
+    import math
+
+    for key, lo, hi, lo_open in RANGES:
+        v = OmegaConf.select(cfg, key, default=None)
+        if v is None:
+            continue
+        bad = (isinstance(v, float) and math.isnan(v)) or (v <= lo if lo_open else v < lo) or (hi is not None and v > hi)
+        if bad:
+            want = f"in [{lo}, {hi}]" if hi is not None else (f"> {lo}" if lo_open else f">= {lo}")
+            raise TrainerError(f"{key} must be {want}, got {v}")
+    for key in ("fcnet_hiddens", "head_fcnet_hiddens"):
+        sizes = list(cfg.algo.model[key] or [])
+        if any(n < 1 for n in sizes):
+            raise TrainerError(f"algo.model.{key} must list layer sizes >= 1, got {sizes}")
+
+
+def _check_env_config(cfg) -> None:
+    """The env's own rules for env.env_config (rl_envs), now rather than in every env runner after Ray started."""
+    from rl_envs.registry import get_spec, merged_config
+
+    env_config = OmegaConf.to_container(cfg.env.env_config, resolve=True)
+    try:
+        get_spec(cfg.env.name).check_config(merged_config(cfg.env.name, env_config))
+    except (ValueError, TypeError) as e:
+        raise TrainerError(f"env.env_config: {e}") from None
 
 
 SAMPLERS = ("loguniform", "uniform", "choice", "randint", "grid_search")  # tune.param_space value forms

@@ -45,6 +45,10 @@ HYDRA, VALUE = 1, 2
         # A registry the run could never register into fails before training, not after it.
         (["registry.root=/nonexistent-rlp/x/registry"], ["registry.root /nonexistent-rlp/x/registry does not exist"], VALUE),
         (["registry.root=gs://bucket/registry"], ["scheme 'gs' is not supported"], VALUE),
+        # The env's own rules, the numeric bounds: one line before Ray, not an env runner's traceback after it.
+        (["~experiment", "algo=ppo", "env=trading", "env.env_config.symbols=[]"],
+         ["error: env.env_config: trading env: `symbols` must name at least one symbol"], VALUE),
+        (["algo.gamma=1.5"], ["error: algo.gamma must be in [0, 1], got 1.5"], VALUE),
     ],
 )
 def test_bad_config_fails_before_ray(overrides, needles, rc, tmp_path):
@@ -81,3 +85,12 @@ def test_missing_checkpoint_to_resume(tmp_path):
 def test_bad_output_uri(tmp_path):
     proc = run_trainer("output_dir=nosuchscheme://bucket/x", check=False, timeout=120)
     assert_clean_failure(proc, "nosuchscheme://bucket/x")
+
+
+def test_unwritable_output_dir_fails_before_ray():
+    ray_tmp = short_tmp()
+    proc = run_trainer("output_dir=/proc/rlp-forbidden/run", f"resources.ray_tmp_dir={ray_tmp}", check=False,
+                       timeout=120)
+    assert_clean_failure(proc, "error: output_dir /proc/rlp-forbidden/run is not writable")
+    assert proc.returncode == VALUE
+    assert not list(Path(ray_tmp).glob("session_*")), list(Path(ray_tmp).iterdir())

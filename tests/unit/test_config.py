@@ -158,6 +158,33 @@ def test_unknown_group_option_fails():
         ("evaluation.num_env_runners=-1", "evaluation.num_env_runners"),
         ("evaluation.parallel_to_training=true", "evaluation.parallel_to_training needs evaluation.num_env_runners"),
         ("evaluation=off,stop.eval_return_mean=400", "stop.eval_return_mean needs evaluation on"),
+        # The sweep of numeric bounds (trainer.validate.RANGES): each names its key and the bound.
+        ("algo.gamma=1.5", "algo.gamma must be in [0, 1], got 1.5"),
+        ("algo.gamma=-0.1", "algo.gamma must be in [0, 1]"),
+        ("algo.lr=0", "algo.lr must be > 0"),
+        ("algo.lr=nan", "algo.lr must be > 0, got nan"),
+        ("algo.train_batch_size=0", "algo.train_batch_size must be >= 1"),
+        ("algo.lambda_=2", "algo.lambda_ must be in [0, 1]"),
+        ("algo.clip_param=0", "algo.clip_param must be > 0"),
+        ("algo.entropy_coeff=-1", "algo.entropy_coeff must be >= 0"),
+        ("algo.num_epochs=0", "algo.num_epochs must be >= 1"),
+        ("algo.grad_clip=-5", "algo.grad_clip must be > 0"),
+        ("algo.steps_per_iteration=0", "algo.steps_per_iteration must be >= 1"),
+        ("algo.model.fcnet_hiddens=[0]", "algo.model.fcnet_hiddens must list layer sizes >= 1, got [0]"),
+        ("~experiment,algo=dqn,algo.epsilon_final=1.5", "algo.epsilon_final must be in [0, 1]"),
+        ("~experiment,algo=dqn,algo.n_step=0", "algo.n_step must be >= 1"),
+        ("env.rollout_fragment_length=0", "env.rollout_fragment_length must be \"auto\" or an integer >= 1"),
+        ("env.num_envs_per_env_runner=0", "env.num_envs_per_env_runner must be >= 1"),
+        ("resources.num_cpus=0", "resources.num_cpus must be >= 1"),
+        ("tune=asha,tune.reduction_factor=1", "tune.reduction_factor must be > 1"),
+        ("tune.num_samples=0", "tune.num_samples must be >= 1"),
+        ("log_every=0", "log_every must be >= 1"),
+        # The env's own rules (rl_envs), checked at validation time instead of in every env runner.
+        ("~experiment,algo=ppo,env=trading,env.env_config.symbols=[]", "env.env_config: trading env: `symbols` must"),
+        ("~experiment,algo=ppo,env=trading,env.env_config.volatility=0", "`volatility` must be > 0"),
+        ("experiment=pong_ppo,env.env_config.game=ALE/Pongg-v5", "env.env_config: atari env: unknown game 'ALE/Pongg-v5'"),
+        ("experiment=pong_ppo,env.env_config.dim=8", "atari env: `dim` must be in [16, 210]"),
+        ("+env.env_config.sutton_bartoo=true", "env.env_config: CartPoleEnv.__init__() got an unexpected keyword"),
     ],
 )
 def test_value_checks_name_the_key(override, needle):
@@ -212,3 +239,12 @@ def test_env_config_defaults_come_from_the_env_and_typos_fail_at_compose():
     assert OmegaConf.to_container(cfg_of("experiment=pong_ppo").env.env_config) == get_spec("pong").default_config
     with pytest.raises(ConfigCompositionException, match="env.env_config.windw_size"):
         cfg_of("~experiment", "env=trading", "algo=ppo", "env.env_config.windw_size=4")
+
+
+@pytest.mark.parametrize("algo, steps", [("ppo", 0), ("appo", 500), ("impala", 500), ("dqn", 0)])
+def test_an_iteration_is_bounded_in_env_steps_not_time(algo, steps):
+    # RLlib's async algorithms default to >= 10 s per iteration: 5-7x a small stop.env_steps budget on CartPole.
+    config = build_algo_config(cfg_of("~experiment", f"algo={algo}"))
+    assert not config.min_time_s_per_iteration, config.min_time_s_per_iteration
+    assert config.min_sample_timesteps_per_iteration == steps
+    assert build_algo_config(cfg_of("experiment=pong_appo")).min_sample_timesteps_per_iteration == 10000

@@ -17,6 +17,11 @@ the client's round trip. Round trip minus replica time = HTTP server + Serve's r
 
 Baseline in the same run and client: bench/bare_asgi_server.py, a bare ASGI app on uvicorn doing the same
 validation + inference + JSON without Serve; its phases alternate with Serve's (`--no-baseline` skips it).
+
+Transition logging (user_config.log, serving/transitions.py): the same server also runs the sequential and
+concurrent phases with session requests (a new session every 50 steps, as episode-playing clients send them),
+with logging off and at sample_rate 1.0 (every step a Parquet row, default flush settings), switched by a config
+reload between phases; the JSON reports both side by side and their ratios (`--no-log-compare` skips it).
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import asyncio
 import json
 import os
 import platform
+import queue
 import re
 import shutil
 import signal
@@ -34,6 +40,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -45,6 +52,8 @@ sys.path.insert(0, str(REPO / "tests"))
 # Ports outside the ranges Ray and the kernel pick from (a released ephemeral port can be taken by a Ray process
 # before the server binds it): the one port helper the tests use.
 from trainer_helpers import free_ports  # noqa: E402
+
+LOG_EPISODE_STEPS = 50  # session requests: a new session id every this many steps
 
 
 def stop_server(server: subprocess.Popen) -> None:
@@ -67,6 +76,69 @@ def wait_ready(server: subprocess.Popen, log_path: Path, timeout_s: float = 240)
             return
         if time.monotonic() > deadline:
             raise SystemExit(f"server not ready in {timeout_s:.0f} s; log: {log_path}")
+
+
+def read_lines(server: subprocess.Popen) -> "queue.Queue[str | None]":
+    """`python -m serving`'s further stdout lines, read by a thread (None at EOF), so waiting can time out."""
+    lines: queue.Queue = queue.Queue()
+
+    def pump() -> None:
+        for line in server.stdout:
+            lines.put(line)
+        lines.put(None)
+
+    threading.Thread(target=pump, daemon=True).start()
+    return lines
+
+
+def wait_event(server: subprocess.Popen, lines: "queue.Queue[str | None]", event: str, log_path: Path,
+               timeout_s: float) -> None:
+    """Wait for the server's `{"event": "<event>", ...}` line; a refused reload or an exit ends the benchmark."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            line = lines.get(timeout=max(0.01, deadline - time.monotonic()))
+        except queue.Empty:
+            raise SystemExit(f"server: no {event!r} event in {timeout_s:.0f} s; log: {log_path}") from None
+        if line is None:
+            raise SystemExit(f"server exited ({server.wait()}); log: {log_path}")
+        if line.startswith(f'{{"event": "{event}"'):
+            return
+        if line.startswith('{"event": "reload_failed"'):
+            raise SystemExit(f"server refused the config: {line.strip()}")
+
+
+def reload_with_log(server: subprocess.Popen, lines: "queue.Queue[str | None]", path: Path, log_uri: str | None,
+                    log_path: Path) -> None:
+    """Logging on (at `log_uri`) or off, applied by a SIGHUP reload (the server runs with --no-watch)."""
+    write_config(path, log_uri)
+    server.send_signal(signal.SIGHUP)
+    wait_event(server, lines, "reloaded", log_path, 180)
+
+
+def write_config(path: Path, log_uri: str | None) -> None:
+    """The one serve_config.yaml, with transition logging on (at `log_uri`, sample_rate 1.0) or off."""
+    import yaml
+
+    from serving import launch
+
+    cfg = launch.load_config()
+    if log_uri is not None:
+        launch.policy_deployment(cfg).setdefault("user_config", {})["log"] = {"uri": log_uri, "sample_rate": 1.0}
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    os.replace(tmp, path)  # the server's config watcher never reads half a file
+
+
+def scrape_log_rows(metrics_url: str) -> dict[str, float]:
+    """ray_rl_serve_log_rows_total by result, summed over replicas and policies."""
+    text = urllib.request.urlopen(metrics_url, timeout=10).read().decode()
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        m = re.match(r'ray_rl_serve_log_rows_total\{.*result="(\w+)".*\} (\S+)$', line)
+        if m:
+            out[m.group(1)] = out.get(m.group(1), 0.0) + float(m.group(2))
+    return out
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -267,6 +339,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=str(REPO / "bench" / "results" / "serve_bench.json"))
     p.add_argument("--keep", action="store_true", help="keep the temp dir (server log, Ray logs, trained checkpoint)")
     p.add_argument("--no-baseline", action="store_true", help="skip the bare ASGI baseline")
+    p.add_argument("--no-log-compare", dest="log_compare", action="store_false",
+                   help="skip the transition-logging phases (session requests, logging off vs on)")
     args = p.parse_args(argv)
     load_before = os.getloadavg()
 
@@ -282,9 +356,11 @@ def main(argv: list[str] | None = None) -> int:
     floor = inprocess_floor(ckpt, observations, args.floor_n)
 
     port, metrics_port, proxy_port, bare_port = free_ports(4)
-    cmd = [sys.executable, "-m", "serving", "--checkpoint", ckpt, "--port", str(port), "--proxy-port",
-           str(proxy_port), "--metrics-port", str(metrics_port), "--temp-dir", str(work / "ray"),
-           "--ingress", args.ingress]
+    config_path, log_uri = work / "serve_config.yaml", str(work / "transitions")
+    write_config(config_path, None)
+    cmd = [sys.executable, "-m", "serving", "--config", str(config_path), "--checkpoint", ckpt, "--port", str(port),
+           "--proxy-port", str(proxy_port), "--metrics-port", str(metrics_port), "--temp-dir", str(work / "ray"),
+           "--ingress", args.ingress, "--no-watch"]
     if args.max_batch_size is not None:
         cmd += ["--max-batch-size", str(args.max_batch_size)]
     print("starting:", " ".join(cmd), flush=True)
@@ -292,6 +368,8 @@ def main(argv: list[str] | None = None) -> int:
     server = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=log, text=True)
     bare = None
     bare_seq, bare_conc = [], []
+    log_runs: dict[str, dict[str, list]] = {"off": {"seq": [], "conc": []}, "on": {"seq": [], "conc": []}}
+    log_rows: dict[str, float] = {}
     try:
         if not args.no_baseline:
             bare = subprocess.Popen([sys.executable, str(REPO / "bench" / "bare_asgi_server.py"), "--checkpoint", ckpt,
@@ -299,10 +377,17 @@ def main(argv: list[str] | None = None) -> int:
             if not bare.stdout.readline().startswith('{"event": "ready"'):
                 raise SystemExit(f"bare ASGI baseline did not start; log: {work / 'server.log'}")
         wait_ready(server, work / "server.log")
+        lines = read_lines(server)
         host = "127.0.0.1"
         path = "/v1/policies/default/act"
         reqs = [build_request(host, port, path, json.dumps({"observation": o}).encode()) for o in observations]
         metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
+        n_seq = args.sequential + 200
+        # Session requests for the logging phases: distinct sessions per phase (a logged session's rows are its own).
+        def session_reqs(phase: str) -> list[bytes]:
+            return [build_request(host, port, path, json.dumps(
+                {"observation": observations[i % len(observations)],
+                 "session_id": f"{phase}-{i // LOG_EPISODE_STEPS}"}).encode()) for i in range(n_seq)]
 
         seq_runs, conc_runs, replica_ms = [], [], []
         sent = 0  # act requests sent so far: the replica histogram's count once everything is exported
@@ -333,6 +418,26 @@ def main(argv: list[str] | None = None) -> int:
                 bare_conc.append(asyncio.run(concurrent(host, bare_port, breqs, args.clients, args.seconds)))
                 print(f"  bare ASGI run {r + 1}: sequential p50 {bare_seq[-1]['p50_ms']:.3f} ms; {args.clients} clients "
                       f"{bare_conc[-1]['req_per_s']:.0f} req/s", flush=True)
+            if args.log_compare:
+                for mode in ("off", "on"):
+                    reload_with_log(server, lines, config_path, log_uri if mode == "on" else None, work / "server.log")
+                    lat = asyncio.run(sequential(host, port, session_reqs(f"r{r}-{mode}-seq"), 200))
+                    log_runs[mode]["seq"].append({"p50_ms": pct(lat, 50), "p99_ms": pct(lat, 99),
+                                                  "mean_ms": statistics.fmean(lat), "n": len(lat)})
+                    res = asyncio.run(concurrent(host, port, session_reqs(f"r{r}-{mode}-conc"), args.clients,
+                                                 args.seconds))
+                    log_runs[mode]["conc"].append(res)
+                    sent += n_seq + res["requests"] + res["errors"] + args.clients
+                    print(f"  logging {mode} run {r + 1}: sequential p50 {log_runs[mode]['seq'][-1]['p50_ms']:.3f} ms; "
+                          f"{args.clients} clients {res['req_per_s']:.0f} req/s  errors {res['errors']}", flush=True)
+                reload_with_log(server, lines, config_path, None, work / "server.log")  # the log closes: rows written
+        if args.log_compare:
+            deadline = time.monotonic() + 60  # until every row is counted (metrics export every few seconds)
+            while time.monotonic() < deadline:
+                log_rows = scrape_log_rows(metrics_url)
+                if sum(log_rows.values()) >= sum(r["n"] + 200 for r in log_runs["on"]["seq"]):
+                    break
+                time.sleep(1)
     finally:
         if bare is not None:
             bare.terminate()
@@ -380,6 +485,21 @@ def main(argv: list[str] | None = None) -> int:
                                             "req_per_s": round(result["concurrent"]["req_per_s"] / b_rps, 3)}
         result["goals"] = {"sequential_p50_ms_max": 0.4, "req_per_s_at_least_bare": True,
                            "met": bool(seq_p50 <= 0.4 and result["concurrent"]["req_per_s"] >= b_rps)}
+    if args.log_compare:
+        lr = {mode: {"sequential_p50_ms": med(x["p50_ms"] for x in runs["seq"]),
+                     "sequential_p99_ms": med(x["p99_ms"] for x in runs["seq"]),
+                     "req_per_s": med(x["req_per_s"] for x in runs["conc"]),
+                     "concurrent_p50_ms": med(x["p50_ms"] for x in runs["conc"]), "runs": runs}
+              for mode, runs in log_runs.items()}
+        ratios = {"sequential_p50": round(lr["on"]["sequential_p50_ms"] / lr["off"]["sequential_p50_ms"], 3),
+                  "req_per_s": round(lr["on"]["req_per_s"] / lr["off"]["req_per_s"], 3)}
+        result["transition_log"] = {
+            "requests": f"act with session_id, a new session every {LOG_EPISODE_STEPS} steps; no feedback",
+            "on": {"sample_rate": 1.0, "uri": "local directory", "flush": "defaults (serving/config.py)"},
+            "logging_off": lr["off"], "logging_on": lr["on"], "ratios_on_over_off": ratios,
+            "rows": log_rows,  # ray_rl_serve_log_rows_total by result over the whole run
+            "goal": {"cost_max": 0.05, "met": bool(ratios["sequential_p50"] <= 1.05 and ratios["req_per_s"] >= 0.95)},
+        }
     result["host"]["loadavg_before"] = load_before
     result["host"]["note"] = "Serve and the bare baseline alternate phase by phase; compare ratios, not absolute ms"
     result["targets"]["met"] = bool(seq_p50 <= 1.5 and result["concurrent"]["req_per_s"] >= 1500)
@@ -391,6 +511,11 @@ def main(argv: list[str] | None = None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps({k: result[k] for k in ("sequential", "concurrent", "breakdown_ms")}, indent=1, default=str)[:3000])
+    if "transition_log" in result:
+        t = result["transition_log"]
+        print(json.dumps({k: t[k] for k in ("ratios_on_over_off", "rows", "goal")}
+                         | {m: {k: v for k, v in t[m].items() if k != "runs"} for m in ("logging_off", "logging_on")},
+                         indent=1))
     print(f"wrote {out}")
     if bare_seq:
         sys.path.insert(0, str(REPO / "bench"))

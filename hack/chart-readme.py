@@ -84,6 +84,8 @@ def render(chart: Path) -> str:
     out = out.replace('{{ template "chart.version" . }}', str(meta["version"]))
     out = out.replace('{{ template "chart.appVersion" . }}', str(meta["appVersion"]))
     out = out.replace('{{ template "chart.kuberayVersion" . }}', meta["annotations"]["rl-platform.io/kuberay-version"])
+    out = out.replace('{{ template "chart.kuberayTargetVersion" . }}',
+                      meta["annotations"]["rl-platform.io/kuberay-target-version"])
     return out
 
 

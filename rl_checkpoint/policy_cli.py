@@ -82,11 +82,22 @@ def _eval_text(v) -> str:
     return f"mean {r.mean:.2f} ± {r.std:.2f} (95% CI {r.ci95[0]:.2f}..{r.ci95[1]:.2f}, n={r.episodes}, {r.created})"
 
 
+def _estimate_text(v) -> str | None:
+    """The newest off-policy estimate (rl-eval --offline), beside the online evaluation; the gate ignores it."""
+    if not v.offline_estimates:
+        return None
+    e = v.offline_estimates[-1]
+    return (f"{e['method']} estimate {e['mean']:.2f} (95% CI {e['ci95'][0]:.2f}..{e['ci95'][1]:.2f}, "
+            f"n={len(e['estimates'])} logged episodes, agreement {e['agreement']:.1%}, logging policy "
+            f"{e['behaviour']} returned {e['behaviour_return_mean']:.2f}; {e['data']}, {e['created']})")
+
+
 def _show(v) -> str:
     from rl_checkpoint import redact
 
     rows = [("checkpoint", f"{redact(v.checkpoint)} (id {v.checkpoint_id})"), ("env", v.env),
-            ("eval", _eval_text(v)), ("run", v.run_dir and redact(v.run_dir)), ("config", v.config_hash),
+            ("eval", _eval_text(v)), ("offline", _estimate_text(v)),
+            ("run", v.run_dir and redact(v.run_dir)), ("config", v.config_hash),
             ("git", v.git_commit), ("created", f"{v.created} by {v.registered_by}")]
     rows += [(k, json.dumps(val)) for k, val in sorted(v.extra.items())]
     head = f"{v.name} v{v.version}" + (f"  [{', '.join(v.aliases)}]" if v.aliases else "")
@@ -171,7 +182,9 @@ def run(args: argparse.Namespace) -> int:
                     "alias": lambda e: f"{e['alias']} -> v{e['version']}",
                     "promote": lambda e: f"v{e['version']} (from {'v%d' % e['from'] if e['from'] else '-'})"
                     + (f" FORCED: {e['force_reason']}" if e.get("forced") else ""),
-                    "rollback": lambda e: f"v{e['version']} (from v{e['from']})"}[ev["type"]](ev)
+                    "rollback": lambda e: f"v{e['version']} (from v{e['from']})",
+                    "estimate": lambda e: f"v{e['version']} offline {e['estimate']['method']} "
+                    f"{e['estimate']['mean']:.2f} on {e['estimate']['data']}"}[ev["type"]](ev)
             print(f"{ev['seq']:>4}  {ev['time']}  {ev['by']:<24} {ev['type']:<9} {what}")
     return EXIT_OK
 

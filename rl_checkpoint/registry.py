@@ -3,7 +3,8 @@
 No server: the registry is a folder or an S3 prefix (the root: `--registry ROOT` or $RL_REGISTRY) holding one
 append-only event log per policy,
 
-    <root>/<name>/events/000000001.json     register | alias | promote | rollback, numbered from 1, never rewritten
+    <root>/<name>/events/000000001.json     register | alias | promote | rollback | estimate, numbered from 1,
+                                            never rewritten
 
 and the state (versions, aliases) is the fold of that log. A writer reads the log, builds the next event from the
 state it read (re-running the promotion gate against the champion it sees), and creates event seq+1 only if no
@@ -57,6 +58,9 @@ from rl_checkpoint.storage import Storage, is_uri, redact
 REGISTRY_PREFIX = "registry:"
 REGISTRY_ENV = "RL_REGISTRY"
 EVENT_FORMAT_VERSION = 1
+# `estimate` events (an off-policy estimate recorded with a version, rl_eval.offline) came later: they carry
+# format 2, so code that predates them refuses them by their format instead of by an unknown type.
+ESTIMATE_EVENT_FORMAT = 2
 EVENTS_DIR = "events"
 CHAMPION, PREVIOUS, LATEST_ALIAS = "champion", "previous", "latest"
 RESERVED_ALIASES = (CHAMPION, PREVIOUS, LATEST_ALIAS)
@@ -141,6 +145,8 @@ class Version:
     registered_by: str  # user@host
     aliases: tuple[str, ...] = ()  # computed from the log, not stored with the version
     extra: dict[str, Any] = field(default_factory=dict)  # what the caller of register() added
+    # Off-policy estimates on logged data (rl_eval.offline records, oldest first): shown, never read by the gate.
+    offline_estimates: list[dict[str, Any]] = field(default_factory=list)
     eval_records: tuple[EvalRecord, ...] = field(default=(), repr=False, compare=False)  # full, for the gate
 
     def to_json(self) -> dict[str, Any]:
@@ -197,11 +203,15 @@ class _Policy:
 
     def apply(self, ev: dict[str, Any], where: str) -> None:
         kind = ev.get("type")
-        if ev.get("format_version", 1) > EVENT_FORMAT_VERSION:
+        if ev.get("format_version", 1) > ESTIMATE_EVENT_FORMAT:
             raise RegistryError(f"{where}: event format_version {ev.get('format_version')} is newer than this code "
-                                f"reads ({EVENT_FORMAT_VERSION})")
+                                f"reads ({ESTIMATE_EVENT_FORMAT})")
         if kind == "register":
             self.versions[ev["version"]] = ev["record"]
+        elif kind == "estimate":
+            raw = self.versions[ev["version"]]
+            self.versions[ev["version"]] = {**raw, "offline_estimates": [*raw.get("offline_estimates", []),
+                                                                         ev["estimate"]]}
         elif kind in ("alias", "promote", "rollback"):
             for alias, version in ev["aliases"].items():
                 if version is None:
@@ -606,6 +616,21 @@ class Registry:
         def build(pol: _Policy) -> dict[str, Any]:
             number = self._number(pol, version)
             return {"type": "alias", "alias": alias, "version": number, "aliases": {alias: number}}
+
+        self._existing(name)
+        ev, pol = self._commit(name, build)
+        return self._version(pol, pol.versions[ev["version"]])
+
+    def record_estimate(self, name: str, version: str | int, estimate: dict[str, Any]) -> Version:
+        """Add an off-policy estimate (rl_eval.offline's record, as JSON) to the version it was made of."""
+        def build(pol: _Policy) -> dict[str, Any]:
+            number = self._number(pol, version)
+            ckpt_id = pol.versions[number]["checkpoint_id"]
+            if estimate.get("checkpoint_id") != ckpt_id:
+                raise RegistryError(f"the estimate is of checkpoint {estimate.get('checkpoint_id')!r}, {name} "
+                                    f"v{number} is {ckpt_id!r}")
+            return {"type": "estimate", "version": number, "estimate": estimate,
+                    "format_version": ESTIMATE_EVENT_FORMAT}
 
         self._existing(name)
         ev, pol = self._commit(name, build)

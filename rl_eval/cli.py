@@ -5,6 +5,7 @@
     rl-eval s3://bucket/runs/pong/checkpoints/final?endpoint_override=...   # any location the trainer writes
     rl-eval registry:/srv/registry/cartpole@champion        # a registry version (rl-policy)
     rl-eval CKPT --server http://127.0.0.1:8000 --policy cartpole   # the same episodes through the HTTP API
+    rl-eval registry:/srv/registry/cartpole@4 --offline s3://logs/cartpole   # off-policy estimate on logged data
 
 Episodes run on Ray workers (an embedded, token-authenticated loopback Ray by default; `--address` for a
 cluster, `--worker-resource rollout_pool` to keep them on the rollout pool), or in this process with
@@ -12,6 +13,11 @@ cluster, `--worker-resource rollout_pool` to keep them on the rollout pool), or 
 `--seed + i`. The result (episodes, mean, std, min/max, 95% bootstrap CI of the mean, lengths, seeds, env,
 checkpoint id, wall time) is added to the checkpoint as a new record under `evaluations/` (never replacing one;
 `--no-record` to only print) and printed: one summary line, or the record as JSON with `--json`.
+
+`--offline LOG` plays nothing: it estimates the greedy policy's return from the complete episodes of a transition
+log (a folder or URI of the policy server's Parquet files) by importance sampling (`--method pdis|is`), with a 95%
+bootstrap CI, and records it under the checkpoint's `offline_estimates/` and, for a `registry:` reference, in the
+version's registry record. The gate never reads it. What the figure means: rl_eval/offline.py.
 
 Exit codes: 0 evaluated; 2 bad input (unknown/unreadable checkpoint or registry ref, a checkpoint for another env,
 0 episodes, a server that does not answer or serves another checkpoint, a record that cannot be written); 1 a bug.
@@ -47,6 +53,10 @@ def _args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--server", default=None, help="policy server base URL: play through its HTTP API")
     p.add_argument("--policy", default=None, help="the policy's name on --server")
     p.add_argument("--timeout", type=float, default=10.0, help="seconds per HTTP request to --server (default 10)")
+    p.add_argument("--offline", metavar="LOG", default=None,
+                   help="estimate off-policy on this transition log (Parquet folder or URI) instead of playing")
+    p.add_argument("--method", choices=("pdis", "is"), default="pdis",
+                   help="--offline estimator: per-decision (default) or ordinary importance sampling")
     p.add_argument("--no-record", action="store_true", help="print only; do not add a record to the checkpoint")
     p.add_argument("--json", action="store_true", help="print the record as JSON instead of one summary line")
     return p.parse_args(argv)
@@ -65,6 +75,8 @@ def _check(a: argparse.Namespace) -> None:
         raise EvalError("--server and --policy go together (the server's URL and the policy's name on it)")
     if a.server is not None and not a.server.startswith(("http://", "https://")):
         raise EvalError(f"--server must be an http(s):// URL, got {a.server!r}")
+    if a.offline is not None and a.server is not None:
+        raise EvalError("--offline estimates from a log and plays no episode: it takes no --server")
 
 
 def target(location: str, select: str = "latest"):
@@ -175,10 +187,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     a = _args(argv)
     try:
         _check(a)
-        rec, where = evaluate(a.checkpoint, episodes=a.episodes, seed=a.seed, workers=a.workers, select=a.select,
-                              max_episode_steps=a.max_episode_steps, env=a.env, address=a.address,
-                              worker_resource=a.worker_resource, ray_tmp_dir=a.ray_tmp_dir, server=a.server,
-                              policy=a.policy, timeout_s=a.timeout, record=not a.no_record)
+        if a.offline is not None:
+            from rl_eval.offline import estimate
+
+            rec, where, version = estimate(a.checkpoint, a.offline, method=a.method, select=a.select, env=a.env,
+                                           record=not a.no_record)
+            if version is not None:
+                print(f"rl-eval: recorded in the registry: {version.name} v{version.version}", file=sys.stderr)
+        else:
+            rec, where = evaluate(a.checkpoint, episodes=a.episodes, seed=a.seed, workers=a.workers, select=a.select,
+                                  max_episode_steps=a.max_episode_steps, env=a.env, address=a.address,
+                                  worker_resource=a.worker_resource, ray_tmp_dir=a.ray_tmp_dir, server=a.server,
+                                  policy=a.policy, timeout_s=a.timeout, record=not a.no_record)
     except (EvalError, CheckpointError) as e:  # RegistryError is a CheckpointError
         print(f"error: {e}", file=sys.stderr, flush=True)
         return 2

@@ -12,6 +12,11 @@ deleted when its policy is replaced or removed, and when the replica stops.
 
 A policy name may serve a champion and a candidate (split or shadow traffic, sticky sessions, episode feedback,
 per-version figures): that logic lives in `serving/versions.py`; this module parses requests and routes to it.
+Transition logging (`user_config.log`) lives in `serving/transitions.py`: one log per replica, handed to the
+policies.
+
+A configured policy that is not served yet answers 503 `loading` (with Retry-After) while its checkpoint loads and
+503 `load_failed` (with the error) once it could not load; 404 `unknown_policy` is for names not configured.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from serving.config import ServerConfig, ServerKnobs
 from serving.errors import ApiError, CheckpointError, bad_request
 from serving.metrics import ServerMetrics
 from serving.policy import LoadedPolicy
+from serving.transitions import TransitionLog
 from serving.versions import Loaded, PolicyVersions, load_versions
 
 logger = logging.getLogger("ray.serve")
@@ -42,6 +48,7 @@ logger = logging.getLogger("ray.serve")
 _POLICY_PATH = re.compile(r"^/v1/policies/([^/]+)(/act|/act_batch|/feedback|/stats|/sessions/[^/]+)?/?$")
 _ENDPOINTS = {"/act": "act", "/act_batch": "act_batch", "/feedback": "feedback", "/stats": "stats"}
 _JSON = "application/json"
+LOADING_RETRY_AFTER_S = 2  # Retry-After of a 503 `loading`: checkpoints take seconds to load
 
 
 # ------------------------------------------------------------------------------------------------ helpers
@@ -71,6 +78,8 @@ class PolicyServer:
         self._metrics = ServerMetrics()
         self._reload_lock = asyncio.Lock()
         self._reload_errors: dict[str, dict[str, Any]] = {}
+        self._loading: set[str] = set()  # configured names not served yet whose checkpoints are loading now
+        self._log: TransitionLog | None = None  # user_config.log
         self._acting = 0  # act requests in progress in this replica (between body read and response)
         self._config_error: str | None = None
         self._started = time.time()
@@ -83,6 +92,11 @@ class PolicyServer:
             self._replica = f"{os.uname().nodename}-{os.getpid()}"
 
     def __del__(self) -> None:  # Serve calls it when the replica stops
+        log = getattr(self, "_log", None)
+        if log is not None:  # open sessions' pending steps (truncated) and what waits get written
+            for vs in self._policies.values():
+                vs.stop()
+            log.close()
         shutil.rmtree(getattr(self, "_cache_dir", ""), ignore_errors=True)
 
     # -------------------------------------------------------------- config / reload
@@ -103,8 +117,24 @@ class PolicyServer:
         if cfg is None:
             return
         async with self._reload_lock:
-            new, errors = await self._load_changed(cfg, first)
+            self._loading = set(cfg.policies) - set(self._policies)
+            try:
+                new, errors = await self._load_changed(cfg, first)
+            finally:
+                self._loading = set()
+            old_log = self._apply_log(cfg)
             self._swap(cfg, new, errors)
+        if old_log is not None:  # its last rows are written off the event loop
+            await asyncio.to_thread(old_log.close)
+
+    def _apply_log(self, cfg: ServerConfig) -> TransitionLog | None:
+        """Start, keep (flushing it) or replace the transition log. -> the log to close, if one was replaced."""
+        old = self._log
+        if old is not None and old.cfg == cfg.log:
+            old.writer.flush()
+            return None
+        self._log = TransitionLog(cfg.log, self._replica, self._metrics) if cfg.log.enabled else None
+        return old
 
     def _parse(self, user_config: Mapping[str, Any], first: bool) -> ServerConfig | None:
         """The validated config, or None (after reporting) when a serving replica must keep its current one."""
@@ -135,9 +165,10 @@ class PolicyServer:
                 except CheckpointError as e:
                     self._metrics.reload(name, ok=False)
                     logger.error("policy %r: %s", name, e)
-                    if first:
-                        raise CheckpointError(f"policy {name!r}: {e}") from None
                     errors[name] = {"checkpoint": redact(ckpt), "error": str(e), "at": time.time()}
+                    if first:  # requests until Serve replaces the replica get 503 load_failed
+                        self._reload_errors = errors
+                        raise CheckpointError(f"policy {name!r}: {e}") from None
                     if cur is not None:  # keep serving what it serves (champion, candidate and weights)
                         new[name] = Loaded(cur.champion.pol, cur.candidate.pol if cur.candidate else None,
                                            cur.spec, cur.candidate_error)
@@ -174,6 +205,8 @@ class PolicyServer:
             self._metrics.loaded(self._metrics.info_tags(gone, "-", None), self._info_tags(vs.champion.pol))
             vs.stop()
             replaced += vs.policies()
+        for vs in self._policies.values():
+            vs.log = self._log
         self._config = cfg
         self._reload_errors = errors
         for old in replaced:  # in-flight requests hold the module itself, not its downloaded files
@@ -204,11 +237,7 @@ class PolicyServer:
                 vs = self._policies.get(name)
                 endpoint = _ENDPOINTS.get(sub, "session" if sub.startswith("/sessions/") else "policy")
                 if vs is None:
-                    failed = self._reload_errors.get(name)
-                    if failed is not None:  # configured by the last reload, but its checkpoint did not load
-                        msg = f"policy {name!r} is not served, its checkpoint did not load: {failed['error']}"
-                        raise ApiError(404, "unknown_policy", msg, {"reload_error": failed})
-                    raise ApiError(404, "unknown_policy", f"no policy named {name!r}; serving: {sorted(self._policies)}")
+                    self._not_served(name)
                 policy = name
                 if endpoint == "act":
                     self._allow(method, "POST")
@@ -262,6 +291,18 @@ class PolicyServer:
             resp = _json_response({"error": {"code": "internal_error", "message": "internal server error"}}, 500)
         self._metrics.request(policy, endpoint, resp.status_code, (time.perf_counter() - t0) * 1e3)
         return resp
+
+    def _not_served(self, name: str) -> None:
+        """Raise why `name` is not served: still loading (503), failed to load (503), not configured (404)."""
+        if name in self._loading:
+            raise ApiError(503, "loading", f"policy {name!r} is configured and its checkpoint is still loading; "
+                                           f"retry in a few seconds",
+                           headers={"Retry-After": str(LOADING_RETRY_AFTER_S)})
+        failed = self._reload_errors.get(name)
+        if failed is not None:  # configured, but its checkpoint did not load: a new config (reload) can fix it
+            msg = f"policy {name!r} is not served, its checkpoint did not load: {failed['error']}"
+            raise ApiError(503, "load_failed", msg, {"reload_error": failed})
+        raise ApiError(404, "unknown_policy", f"no policy named {name!r}; serving: {sorted(self._policies)}")
 
     @staticmethod
     def _allow(method: str, allowed: str) -> None:
@@ -332,7 +373,10 @@ class PolicyServer:
 
     def _readyz(self) -> Response:
         if self._config is None or not self._policies:
-            return _json_response({"status": "not_ready", "reason": "no policy loaded"}, 503)
+            body = {"status": "not_ready", "reason": "no policy loaded"}
+            if self._loading:
+                body["loading"] = sorted(self._loading)
+            return _json_response(body, 503)
         body: dict[str, Any] = {"status": "ready",
                                 "policies": {n: vs.champion.pol.checkpoint_id for n, vs in self._policies.items()}}
         # Still ready (serving the previous checkpoints), but say what could not be applied.

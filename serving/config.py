@@ -18,8 +18,8 @@ SESSION_ID_MAX_LEN = 128
 B64_DTYPES = ("uint8", "int8", "int16", "int32", "int64", "float16", "float32", "float64")
 
 
-def _knob(default: Any, minimum: float | None, doc: str) -> Any:
-    return field(default=default, metadata={"min": minimum, "doc": doc})
+def _knob(default: Any, minimum: float | None, doc: str, maximum: float | None = None) -> Any:
+    return field(default=default, metadata={"min": minimum, "max": maximum, "doc": doc})
 
 
 @dataclass(frozen=True)
@@ -40,6 +40,23 @@ class ServerKnobs:
     batch_wait_timeout_s: float = _knob(0.0, 0, "how long a batch waits to fill")
     max_body_bytes: int = _knob(1 << 20, 1024, "request body size (413 above)")
     body_timeout_s: float = _knob(30.0, 0.1, "seconds a request body may take to arrive after its headers (408 after)")
+
+
+@dataclass(frozen=True)
+class TransitionLogConfig:
+    """`user_config.log`: transition logging to Parquet (serving/transitions.py). Off while `uri` is unset."""
+
+    uri: str | None = _knob(None, None, "where the Parquet files go: a local path or a URI (s3://...); unset: off")
+    sample_rate: float = _knob(1.0, 0, "share of sessions logged, whole sessions (by a hash of session_id)", 1)
+    max_buffer: int = _knob(10000, 1, "rows held for the writer (an outage's unwritten rows included); more are "
+                                      "dropped and counted")
+    flush_rows: int = _knob(1000, 1, "a file is written as soon as this many rows wait")
+    flush_interval_s: float = _knob(5.0, 0.05, "and at least this often while any row waits")
+    retry_s: float = _knob(5.0, 0.05, "after a failed write, wait this long before trying the store again")
+
+    @property
+    def enabled(self) -> bool:
+        return self.uri is not None
 
 
 CANDIDATE_MODES = ("split", "shadow")
@@ -79,10 +96,11 @@ class ServerConfig:
     server: ServerKnobs = field(default_factory=ServerKnobs)
     limits: ServingLimits = field(default_factory=ServingLimits)
     candidates: dict[str, CandidateSpec] = field(default_factory=dict)  # policy name -> its candidate, if any
+    log: TransitionLogConfig = field(default_factory=TransitionLogConfig)
 
     # `revision`: free-form and otherwise ignored; changing it makes Serve call reconfigure, which re-reads
     # checkpoints rewritten in place (same location, new checkpoint_id).
-    EXTRA_KEYS = ("policies", "revision")
+    EXTRA_KEYS = ("policies", "log", "revision")
 
     @classmethod
     def keys(cls) -> list[str]:
@@ -97,7 +115,7 @@ class ServerConfig:
             raise ValueError(f"user_config: unknown keys {unknown}; known: {cls.keys()}")
         policies, candidates = _policies(raw.get("policies"))
         return cls(policies=policies, server=_knobs(ServerKnobs, raw), limits=_knobs(ServingLimits, raw),
-                   candidates=candidates)
+                   candidates=candidates, log=_log(raw.get("log")))
 
     def __getattr__(self, name: str) -> Any:  # cfg.max_batch_size etc.: flat access to the knobs
         for part in (self.server, self.limits):
@@ -150,18 +168,39 @@ def _candidate(where: str, raw: Any) -> CandidateSpec:
                          rollout=dict(rollout) if rollout is not None else None)
 
 
-def _knobs(cls: type, raw: Mapping[str, Any]) -> Any:
-    values = {}
+def _log(raw: Any) -> TransitionLogConfig:
+    if raw is None:
+        return TransitionLogConfig()
+    where = "user_config.log"
+    if not isinstance(raw, Mapping):
+        raise ValueError(f"{where} must be a mapping {{uri, sample_rate, max_buffer, ...}}, got {type(raw).__name__}")
+    known = [f.name for f in fields(TransitionLogConfig)]
+    unknown = sorted(set(map(str, raw)) - set(known))
+    if unknown:
+        raise ValueError(f"{where}: unknown keys {unknown}; known: {known}")
+    uri = raw.get("uri")
+    if uri is not None and (not isinstance(uri, str) or not uri.strip()):
+        raise ValueError(f"{where}.uri must be a local path or URI string (or unset: logging off), got {uri!r}")
+    return _knobs(TransitionLogConfig, raw, where, skip=("uri",), uri=uri)
+
+
+def _knobs(cls: type, raw: Mapping[str, Any], where: str = "user_config", skip: tuple[str, ...] = (),
+           **given: Any) -> Any:
+    values = dict(given)
     for f in fields(cls):
+        if f.name in skip:
+            continue
         v = raw.get(f.name, f.default)
-        lo = f.metadata["min"]
+        lo, hi = f.metadata["min"], f.metadata["max"]
         if f.type in ("bool", bool):
             if not isinstance(v, bool):
-                raise ValueError(f"user_config.{f.name} must be true or false")
+                raise ValueError(f"{where}.{f.name} must be true or false")
         else:
             typ = int if f.type in ("int", int) else float
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or (typ is int and int(v) != v) or v < lo:
-                raise ValueError(f"user_config.{f.name} must be a {typ.__name__} >= {lo}, got {v!r}")
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or (typ is int and int(v) != v) or v < lo \
+                    or (hi is not None and v > hi):
+                bound = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
+                raise ValueError(f"{where}.{f.name} must be a {typ.__name__} {bound}, got {v!r}")
             v = typ(v)
         values[f.name] = v
     return cls(**values)

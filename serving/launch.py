@@ -330,12 +330,13 @@ def wait_serving(base_url: str, cfg: Mapping[str, Any], timeout_s: float, consec
 
 
 def _added_policy_error(base_url: str, name: str) -> dict[str, Any] | None:
-    """The replica's load error for a policy it does not serve (404 `detail.reload_error`), else None."""
+    """The replica's load error for a policy it does not serve (503 `load_failed`: `detail.reload_error`), else
+    None (503 `loading`, or not configured yet)."""
     try:
         with urllib.request.urlopen(f"{base_url}/v1/policies/{urllib.parse.quote(name)}", timeout=5):
             return None
     except urllib.error.HTTPError as e:
-        if e.code != 404:
+        if e.code != 503:
             return None
         try:
             detail = json.loads(e.read())["error"].get("detail")

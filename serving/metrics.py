@@ -21,6 +21,8 @@ next to Serve's own `ray_serve_*` series. Ray prefixes every name with `ray_`; c
 | ray_rl_serve_version_sessions                | gauge     | policy, version               |
 | ray_rl_serve_shadow_total                    | counter   | policy, outcome               |
 | ray_rl_serve_feedback_total                  | counter   | policy, result                |
+| ray_rl_serve_log_rows_total                  | counter   | policy, result                |
+| ray_rl_serve_log_files_total                 | counter   | policy, result                |
 
 `policy` is "-" for requests that name no known policy, so a client cannot grow the label set.
 `registry_version` and `alias` are the registry's ("-" for a policy not loaded through `registry:`);
@@ -29,6 +31,9 @@ ci95_low | ci95_high. `version` is the role under one policy name: "champion" | 
 `result` of version_requests is ok | error (a version's own failure, not a client's 4xx); `mode` of version_info
 is split | shadow for the candidate, "-" for the champion; shadow `outcome` = agree | disagree | dropped | error;
 feedback `result` = ok (accepted items) | unknown_session | session_ended | invalid (refused requests).
+Transition log (serving/transitions.py): log_rows `result` = written | dropped (buffer full: max_buffer rows
+waiting, an outage's unwritten rows included); log_files `result` = written | failed (a write the store refused;
+its rows are kept and retried, so one row can be in several failed writes).
 """
 
 from __future__ import annotations
@@ -56,6 +61,8 @@ NAMES = {
     "version_sessions": "rl_serve_version_sessions",
     "shadow": "rl_serve_shadow",
     "feedback": "rl_serve_feedback",
+    "log_rows": "rl_serve_log_rows",
+    "log_files": "rl_serve_log_files",
 }
 
 
@@ -116,6 +123,10 @@ class ServerMetrics:
                                 "queue full, error: the candidate failed).", tag_keys=("policy", "outcome"))
         self.feedback_total = m.Counter(NAMES["feedback"], "Feedback: accepted items (ok) and refused requests "
                                         "(unknown_session, session_ended, invalid).", tag_keys=("policy", "result"))
+        self.log_rows_total = m.Counter(NAMES["log_rows"], "Transition log rows: written to the store, or dropped "
+                                        "(buffer full).", tag_keys=("policy", "result"))
+        self.log_files_total = m.Counter(NAMES["log_files"], "Transition log Parquet files: written, or failed "
+                                         "(the store refused; rows kept and retried).", tag_keys=("policy", "result"))
         # Tag dicts are reused: building them per request is a measurable share of a ~1 ms request.
         self._req_tags: dict[tuple[str, str, int], dict[str, str]] = {}
         self._lat_tags: dict[tuple[str, str], dict[str, str]] = {}
@@ -232,3 +243,9 @@ class ServerMetrics:
 
     def feedback(self, policy: str, result: str, n: int = 1) -> None:
         self.feedback_total.inc(float(n), {"policy": policy, "result": result})
+
+    def log_rows(self, policy: str, result: str, n: int = 1) -> None:
+        self.log_rows_total.inc(float(n), {"policy": policy, "result": result})
+
+    def log_files(self, policy: str, result: str) -> None:
+        self.log_files_total.inc(1.0, {"policy": policy, "result": result})

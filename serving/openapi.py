@@ -45,6 +45,11 @@ def openapi_document(policy_names: list[str] | None = None) -> dict[str, Any]:
                     "streams), or batch larger than max_batch_items."),
         "415": _err("Content-Type given and not JSON (application/json or application/*+json); no header: JSON assumed."),
         "422": _err("Observation does not fit the policy's observation space (shape, dtype, NaN/inf, bounds)."),
+        "503": {**_err("The policy is configured but not served yet: `loading` (its checkpoint is loading; retry "
+                       "after Retry-After seconds) or `load_failed` (its checkpoint did not load: "
+                       "`detail.reload_error`; a new config can fix it). Names not configured get 404."),
+                "headers": {"Retry-After": {"description": "With `loading`: seconds to wait before retrying.",
+                                            "schema": {"type": "integer"}}}},
     }
     return {
         "openapi": "3.1.0",
@@ -69,7 +74,7 @@ def openapi_document(policy_names: list[str] | None = None) -> dict[str, Any]:
                 "summary": "Describe one policy",
                 "parameters": [name_param],
                 "responses": {"200": _ok("Policy", {"$ref": "#/components/schemas/PolicyInfo"}),
-                              "404": client_errors["404"]},
+                              "404": client_errors["404"], "503": client_errors["503"]},
             }},
             "/v1/policies/{name}/act": {"post": {
                 "summary": "Greedy action for one observation (or one frame of a session)",
@@ -122,14 +127,16 @@ def openapi_document(policy_names: list[str] | None = None) -> dict[str, Any]:
                     "404": _err("Unknown policy, or `unknown_session`: the session never acted on this policy in "
                                 "this replica, or expired (idle over session_ttl_s, evicted beyond max_sessions)."),
                     "409": _err("`session_ended`: the session already ended (done=true or DELETE)."),
-                    "422": _err("`bad_reward` (not a finite number), `bad_done` (not a boolean), `empty_batch`."),
+                    "422": _err("`bad_reward` (not a finite number), `bad_done` / `bad_truncated` (not a boolean, or "
+                                "`truncated` without done=true), `bad_observation` (`observation` without done=true, "
+                                "null, or not fitting the policy like an act input), `empty_batch`."),
                 },
             }},
             "/v1/policies/{name}/stats": {"get": {
                 "summary": "This replica's figures per version (champion, candidate) since each loaded",
                 "parameters": [name_param],
                 "responses": {"200": _ok("Stats", {"$ref": "#/components/schemas/PolicyStats"}),
-                              "404": client_errors["404"]},
+                              "404": client_errors["404"], "503": client_errors["503"]},
             }},
             "/v1/policies/{name}/sessions/{session_id}": {"delete": {
                 "summary": "End a session: its version assignment and frame stack are dropped (optional; idle "
@@ -137,7 +144,8 @@ def openapi_document(policy_names: list[str] | None = None) -> dict[str, Any]:
                 "parameters": [name_param, {"name": "session_id", "in": "path", "required": True,
                                             "schema": {"type": "string"}}],
                 "responses": {"200": _ok("Ended", {"type": "object", "properties": {
-                    "session_id": {"type": "string"}, "ended": {"type": "boolean"}}}), "404": client_errors["404"]},
+                    "session_id": {"type": "string"}, "ended": {"type": "boolean"}}}), "404": client_errors["404"],
+                    "503": client_errors["503"]},
             }},
             "/healthz": {"get": {"summary": "Liveness: the replica answers",
                                  "responses": {"200": _ok("Alive", {"type": "object", "properties": {
@@ -180,7 +188,14 @@ def openapi_document(policy_names: list[str] | None = None) -> dict[str, Any]:
                              "session_id": {"type": "string", "minLength": 1, "maxLength": SESSION_ID_MAX_LEN},
                              "reward": {"type": "number", "description": "Finite; accumulates per session."},
                              "done": {"type": "boolean", "default": False,
-                                      "description": "The episode ended: its return is counted, the session ends."}}},
+                                      "description": "The episode ended: its return is counted, the session ends."},
+                             "truncated": {"type": "boolean", "default": False,
+                                           "description": "With done=true: the episode was cut short (a time "
+                                                          "limit), not terminated. Recorded in the transition log."},
+                             "observation": {"$ref": "#/components/schemas/Array",
+                                             "description": "With done=true: the episode's final observation (a "
+                                                            "frame for sessions that send frames). Recorded as the "
+                                                            "last transition's new_obs in the transition log."}}},
             "Latency": {"type": "object", "description": "Cumulative histogram (ms), Prometheus style: counts[i] "
                                                          "requests took <= le[i].",
                         "properties": {"le": {"type": "array"}, "counts": {"type": "array", "items": {"type": "integer"}},

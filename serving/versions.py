@@ -16,6 +16,8 @@ Everything here is per replica and knows nothing of HTTP routing: `serving/app.p
   the session is pinned to the champion (its frame stack moves with it).
 - Feedback: rewards accumulate per session; done=true ends the episode and adds its return to the figures of
   the version the session is assigned to.
+- Transition log (user_config.log, serving/transitions.py): sampled sessions' steps, rewards and episode ends
+  are handed to the replica's TransitionLog; a session that goes away mid-episode has its last step truncated.
 """
 
 from __future__ import annotations
@@ -39,12 +41,13 @@ from serving.config import SESSION_ID_MAX_LEN, CandidateSpec, ServingLimits
 from serving.errors import ApiError, CheckpointError, bad_request, unprocessable
 from serving.metrics import LATENCY_BOUNDARIES_MS, ServerMetrics
 from serving.policy import LoadedPolicy, resolve_source
+from serving.transitions import Episode, TransitionLog
 
 logger = logging.getLogger("ray.serve")
 
 CHAMPION, CANDIDATE = "champion", "candidate"
 ACT_FIELDS = ("observation", "frame", "session_id", "reset")
-FEEDBACK_FIELDS = ("session_id", "reward", "done")
+FEEDBACK_FIELDS = ("session_id", "reward", "done", "truncated", "observation")
 SHADOW_QUEUE = 1024  # items waiting for the shadow worker; more are dropped (and counted)
 SHADOW_BATCH = 16  # observations per shadow forward: small, so the worker holds the GIL in short slices
 # After the first mirrored item the worker waits this long for more before one forward: at a few hundred
@@ -106,13 +109,15 @@ class Version:
 
 
 class Session:
-    __slots__ = ("role", "ret", "seen", "mirror")
+    __slots__ = ("role", "ret", "seen", "mirror", "frames", "log")
 
     def __init__(self, role: str, mirror: bool, now: float):
         self.role = role
         self.ret = 0.0
         self.seen = now
         self.mirror = mirror  # shadow mode: this session's requests are mirrored to the candidate
+        self.frames = False  # its last act sent a 'frame' (a final feedback observation is one too)
+        self.log: Episode | None = None  # transition log: the episode being logged (None: session not sampled)
 
 
 class Assignments:
@@ -126,6 +131,7 @@ class Assignments:
         self._ended: OrderedDict[str, None] = OrderedDict()
         self.counts = {CHAMPION: 0, CANDIDATE: 0}
         self.changed = False  # counts changed since the gauges were last set
+        self.on_drop: Callable[[str, Session], None] | None = None  # a session leaves the table (any reason)
 
     def __len__(self) -> int:
         return len(self._open)
@@ -148,7 +154,7 @@ class Assignments:
         s.seen = now
         self._open[sid] = s
         while len(self._open) > self.max_sessions:
-            self._drop(self._open.popitem(last=False)[1])
+            self._drop(*self._open.popitem(last=False))
         return s, new
 
     def get(self, sid: str) -> Session | None:
@@ -165,7 +171,7 @@ class Assignments:
     def end(self, sid: str) -> Session | None:
         s = self._open.pop(sid, None)
         if s is not None:
-            self._drop(s)
+            self._drop(sid, s)
             self._ended[sid] = None
             self._ended.move_to_end(sid)
             while len(self._ended) > ENDED_PER_SESSION * self.max_sessions:
@@ -182,18 +188,23 @@ class Assignments:
     def with_role(self, role: str) -> list[tuple[str, Session]]:
         return [(sid, s) for sid, s in self._open.items() if s.role == role]
 
+    def items(self) -> list[tuple[str, Session]]:
+        return list(self._open.items())
+
     def expire(self, now: float) -> None:
         od = self._open
         while od:
-            s = next(iter(od.values()))
+            sid, s = next(iter(od.items()))
             if now - s.seen <= self.ttl_s:
                 break
             od.popitem(last=False)
-            self._drop(s)
+            self._drop(sid, s)
 
-    def _drop(self, s: Session) -> None:
+    def _drop(self, sid: str, s: Session) -> None:
         self.counts[s.role] -= 1
         self.changed = True
+        if self.on_drop is not None:
+            self.on_drop(sid, s)
 
 
 # ------------------------------------------------------------------------------------------------ batching
@@ -454,6 +465,8 @@ class PolicyVersions:
         self.spec: CandidateSpec | None = None
         self.candidate_error: dict[str, Any] | None = None
         self.sessions = Assignments(limits.max_sessions, limits.session_ttl_s)
+        self.sessions.on_drop = self._abandon
+        self.log: TransitionLog | None = None  # the replica's transition log while user_config.log is on
         self.shadow: ShadowWorker | None = None
         self.batcher = Batcher(name, metrics, max_batch_size, batch_wait_timeout_s)
         self.loads = 0  # checkpoints loaded for this policy in this replica (reused versions are not loads)
@@ -517,9 +530,17 @@ class PolicyVersions:
         return [v.pol for v in (self.champion, self.candidate) if v is not None]
 
     def stop(self) -> None:
+        """The policy is no longer served here (removed, or the replica stops)."""
         if self.shadow is not None:
             self.shadow.stop()
             self.shadow = None
+        for sid, s in self.sessions.items():
+            self._abandon(sid, s)
+
+    def _abandon(self, sid: str, s: Session) -> None:
+        if s.log is not None and self.log is not None:
+            self.log.abandon(self.name, sid, s.log)
+        s.log = None
 
     def _set_session_gauges(self) -> None:
         self.sessions.changed = False
@@ -583,6 +604,9 @@ class PolicyVersions:
         sess = None
         if sid is not None:
             sess, new = self.sessions.open(sid, self._choose)
+            if new and self.log is not None:
+                sess.log = self.log.start(sid)
+            sess.frames = frame is not None
             if reset and not new:
                 sess.ret = 0.0  # a new episode in the same session: the return so far is dropped
             if self.sessions.changed:
@@ -624,6 +648,9 @@ class PolicyVersions:
         self.metrics.version_request(self.name, role, True, ms)
         if self.shadow is not None and (sess.mirror if sess is not None else self._mirror_one()):
             self.shadow.offer((sid, frame, reset or new, obs, action, False))
+        if sess is not None and sess.log is not None and self.log is not None:
+            sess.log = self.log.act(self.name, sid, sess.log, reset or new, obs if frame is None else frame, action,
+                                    role, ver.pol.checkpoint_id)
         return out
 
     def act_batch(self, body: Mapping[str, Any], t0: float) -> dict[str, Any]:
@@ -684,8 +711,9 @@ class PolicyVersions:
             self.metrics.feedback(self.name, "invalid")
             raise
         sessions: list[Session] = []
+        finals: list[np.ndarray | None] = []
         done_here: set[str] = set()
-        for i, (sid, _, done) in enumerate(items):
+        for i, (sid, _, done, _, final) in enumerate(items):
             where = f"feedback[{i}]" if "feedback" in body else "feedback"
             s = self.sessions.get(sid)
             if s is None or sid in done_here:
@@ -702,9 +730,16 @@ class PolicyVersions:
             if done:
                 done_here.add(sid)
             sessions.append(s)
+            finals.append(None if final is None else self._final_observation(where, s, final))
         ended = 0
-        for (sid, reward, done), s in zip(items, sessions):
+        log = self.log
+        for (sid, reward, done, truncated, _), s, final in zip(items, sessions, finals):
             s.ret += reward
+            if log is not None and s.log is not None:
+                log.reward(s.log, reward)
+                if done:
+                    log.end(self.name, sid, s.log, truncated, final)
+                    s.log = None
             if done:
                 ver = self.candidate if s.role == CANDIDATE and self.candidate is not None else self.champion
                 st = ver.stats
@@ -718,6 +753,15 @@ class PolicyVersions:
                 self.sessions.touch(sid, s)
         self.metrics.feedback(self.name, "ok", len(items))
         return {"accepted": len(items), "episodes_ended": ended}
+
+    def _final_observation(self, where: str, s: Session, value: Any) -> np.ndarray:
+        """A done feedback's final observation, validated like the session's act input (a frame or not)."""
+        pol = self.champion.pol
+        try:
+            return pol.frame(value) if s.frames else pol.observation(value)
+        except ApiError as e:
+            self.metrics.feedback(self.name, "invalid")
+            raise ApiError(e.status, e.code, f"{where}.observation: {e.message}", e.detail) from None
 
     # -------------------------------------------------------------- description
 
@@ -762,7 +806,7 @@ def _absorb(into: LoadedPolicy, src: LoadedPolicy, override: bool) -> None:
         into.sessions.absorb(src.sessions, override)
 
 
-def _feedback_items(body: Mapping[str, Any], max_items: int) -> list[tuple[str, float, bool]]:
+def _feedback_items(body: Mapping[str, Any], max_items: int) -> list[tuple[str, float, bool, bool, Any]]:
     if "feedback" in body:
         extra = set(body) - {"feedback"}
         if extra:
@@ -781,7 +825,9 @@ def _feedback_items(body: Mapping[str, Any], max_items: int) -> list[tuple[str, 
     return [_feedback_item("feedback", body)]
 
 
-def _feedback_item(where: str, item: Any) -> tuple[str, float, bool]:
+def _feedback_item(where: str, item: Any) -> tuple[str, float, bool, bool, Any]:
+    """-> (session id, reward, done, truncated, final observation as sent or None); the observation is
+    validated against the session's policy later (PolicyVersions._final_observation)."""
     if not isinstance(item, Mapping):
         raise bad_request("bad_feedback", f"{where} must be an object {{session_id, reward, done}}, "
                                           f"got {type(item).__name__}")
@@ -806,4 +852,13 @@ def _feedback_item(where: str, item: Any) -> tuple[str, float, bool]:
     done = item.get("done", False)
     if not isinstance(done, bool):
         raise unprocessable("bad_done", f"{where}.done must be true or false, got {done!r}")
-    return sid, value, done
+    truncated = item.get("truncated", False)
+    if not isinstance(truncated, bool):
+        raise unprocessable("bad_truncated", f"{where}.truncated must be true or false, got {truncated!r}")
+    if "observation" in item and item["observation"] is None:
+        raise unprocessable("bad_observation", f"{where}.observation is null; leave it out when there is none")
+    if (truncated or "observation" in item) and not done:
+        field_ = "truncated" if truncated else "observation"
+        raise unprocessable(f"bad_{field_}", f"{where}.{field_} describes how the episode ended: it needs "
+                                             f"done=true")
+    return sid, value, done, truncated, item.get("observation")

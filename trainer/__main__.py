@@ -45,6 +45,9 @@ def run(cfg: DictConfig) -> dict:
 
     validate(cfg)
     check_registry_root(cfg)
+    from trainer.offline import check_offline_input
+
+    check_offline_input(cfg)  # here, not in validate(): rl-submit validates on a laptop, the log may be a pod path
     if cfg.output_dir is None:
         cfg.output_dir = default_output_dir(cfg)
 

@@ -1,4 +1,4 @@
-"""algo/ + env/ + resources/ config groups -> an RLlib (new API stack) AlgorithmConfig."""
+"""algo/ + env/ + resources/ (+ offline) config groups -> an RLlib (new API stack) AlgorithmConfig."""
 
 from __future__ import annotations
 
@@ -13,11 +13,12 @@ from trainer.callbacks import WINDOW, EvalReturn, LastNEpisodeReturns
 from trainer.config import AlgoConf, TrainConfig
 from trainer.errors import TrainerError
 from trainer.metrics import TrainingMetrics
+from trainer.offline import OFFLINE_ALGOS, apply_offline
 from trainer.precision import apply_precision
 from trainer.resources import placement
 
 # Fields of AlgoConf handled outside AlgorithmConfig.training(), or translated below.
-_NOT_TRAINING_KWARGS = {"name", "model", "precision"}
+_NOT_TRAINING_KWARGS = {"name", "model", "precision", "steps_per_iteration"}
 
 
 def _algo_config_class(name: str):
@@ -30,8 +31,12 @@ def _algo_config_class(name: str):
         from ray.rllib.algorithms.impala import IMPALAConfig as cls
     elif name == "dqn":
         from ray.rllib.algorithms.dqn import DQNConfig as cls
+    elif name == "bc":
+        from ray.rllib.algorithms.bc import BCConfig as cls
+    elif name == "marwil":
+        from ray.rllib.algorithms.marwil import MARWILConfig as cls
     else:
-        raise TrainerError(f"unknown algo {name!r}; known: ppo, appo, impala, dqn")
+        raise TrainerError(f"unknown algo {name!r}; known: ppo, appo, impala, dqn, bc, marwil")
     return cls
 
 
@@ -57,6 +62,14 @@ def training_kwargs(algo: dict[str, Any], num_learners: int = 0) -> dict[str, An
             (kw.pop("epsilon_timesteps"), kw.pop("epsilon_final")),
         ]
     return kw
+
+
+def steps_per_iteration(algo: dict[str, Any]) -> int:
+    """RLlib's min_sample_timesteps_per_iteration (its time minimum is turned off). 0 = one training_step: a train
+    batch for PPO, one sampling round for DQN; APPO/IMPALA's training_step is one async round, so a train batch."""
+    if algo.get("steps_per_iteration"):
+        return int(algo["steps_per_iteration"])
+    return int(algo["train_batch_size"]) if algo["name"] in ("appo", "impala") else 0
 
 
 def model_config(model: dict[str, Any]):
@@ -131,14 +144,17 @@ def build_algo_config(cfg: TrainConfig, algo_overrides: dict[str, Any] | None = 
             restart_failed_env_runners=cfg.fault_tolerance.restart_failed_env_runners,
             max_num_env_runner_restarts=cfg.fault_tolerance.max_num_env_runner_restarts,
         )
-        # Sample no more than one batch per iteration: the stop criteria are checked after every iteration.
-        .reporting(metrics_num_episodes_for_smoothing=WINDOW, min_sample_timesteps_per_iteration=0)
+        # Sample no more than steps_per_iteration per iteration: the stop criteria are checked after every one.
+        .reporting(metrics_num_episodes_for_smoothing=WINDOW, min_time_s_per_iteration=None,
+                   min_sample_timesteps_per_iteration=steps_per_iteration(algo))
         # Reports the mean return of the last WINDOW training episodes (the usual "solved" criterion), then
         # exports it and the greedy evaluation return with the other training metrics on Ray's metrics port
         # (trainer/metrics.py).
         .callbacks([LastNEpisodeReturns, EvalReturn, TrainingMetrics])
     )
     config = config.evaluation(**evaluation_kwargs(cfg.evaluation))
+    if algo["name"] in OFFLINE_ALGOS:  # trained from a transition log; the env above gives spaces and evaluation
+        config = apply_offline(config, cfg)
     if spec.framestack > 1:
         from ray.rllib.connectors.env_to_module.frame_stacking import FrameStackingEnvToModule
         from ray.rllib.connectors.learner.frame_stacking import FrameStackingLearner

@@ -7,6 +7,7 @@ wrong type fails when the config is composed, naming the key, before Ray starts.
   resources/  -> trainer.resources (ray.init, env runners, learners, rollout/learner pools)
   tune/       -> trainer.tuning    (Tune schedulers and search space)
   evaluation/ -> trainer.algo      (greedy evaluation episodes while training; judge checkpoints/best)
+  offline     -> trainer.offline   (algo=bc|marwil: the transition log to train from)
   experiment/ -> presets that pick one of each and tune the numbers
 """
 
@@ -47,6 +48,11 @@ class AlgoConf:
     # Learner arithmetic (trainer.precision): fp32 | bf16 (autocast; CPU or GPU) | fp16 (autocast + loss scaling;
     # GPU learners only). Weights and checkpoints stay fp32 either way.
     precision: str = "fp32"
+    # Env steps a training iteration samples at least: an iteration is what stop criteria, evaluation.interval and
+    # checkpoint cadence count, so an env-step budget is honoured within one iteration. None = one train batch
+    # (PPO, APPO, IMPALA; RLlib's async algorithms would otherwise run >= 10 s per iteration, 5-7x a small budget);
+    # DQN: one sampling round per iteration.
+    steps_per_iteration: Optional[int] = None
     model: ModelConf = field(default_factory=ModelConf)
 
 
@@ -98,6 +104,27 @@ class DQNConf(AlgoConf):
     epsilon_initial: float = 1.0
     epsilon_final: float = 0.02
     epsilon_timesteps: int = 10000
+
+
+@dataclass
+class BCConf(AlgoConf):
+    """Behaviour cloning from logged transitions (offline.input): maximise the log-likelihood of the logged
+    actions. train_batch_size = logged transitions per SGD update."""
+
+    name: str = "bc"
+
+
+@dataclass
+class MARWILConf(AlgoConf):
+    """Advantage-weighted behaviour cloning from logged transitions: actions with a higher advantage weigh more
+    (beta = 0 is BC). Each logged row is a one-step episode, so the advantage is the one-step TD error
+    r + gamma V(s') - V(s) of a learned value function."""
+
+    name: str = "marwil"
+    beta: float = 1.0
+    vf_coeff: float = 1.0
+    # Start of the running mean of squared advantages that normalises them.
+    moving_average_sqd_adv_norm_start: float = 100.0
 
 
 @dataclass
@@ -209,12 +236,30 @@ class EvaluationConf:
 
 
 @dataclass
+class OfflineConf:
+    """Where offline algorithms (algo=bc|marwil) read logged transitions: the policy server's transition log
+    (Parquet rows in RLlib's offline column format, rl_eval.logs), read through Ray Data."""
+
+    # A folder, a .parquet file or a URI (s3://bucket/prefix?endpoint_override=...); every *.parquet below it.
+    # Required by offline algorithms, refused by online ones.
+    input: Optional[str] = None
+    # SGD updates (of algo.train_batch_size transitions each) per training iteration: an iteration is when
+    # stop criteria, evaluation and checkpoints are considered (RLlib's dataset_num_iters_per_learner).
+    updates_per_iteration: int = 50
+    # Ray Data actors turning rows into training batches (RLlib's OfflinePreLearner), one CPU each. RLlib's
+    # default (2) plus the read tasks cannot all be placed on a 2-CPU Ray, which then waits for ever.
+    prelearners: int = 1
+
+
+@dataclass
 class StopConf:
     """Training stops at whichever comes first; None disables a criterion."""
 
     episode_return_mean: Optional[float] = None
     # Mean return of the latest greedy evaluation (evaluation group); needs evaluation on.
     eval_return_mean: Optional[float] = None
+    # Offline (algo=bc|marwil): logged transitions trained on (algo.train_batch_size x
+    # offline.updates_per_iteration per iteration; a transition drawn again counts again).
     env_steps: Optional[int] = 1_000_000
     wall_s: Optional[float] = None
     iterations: Optional[int] = None
@@ -280,6 +325,7 @@ class TrainConfig:
     fault_tolerance: FaultToleranceConf = field(default_factory=FaultToleranceConf)
     debug: DebugConf = field(default_factory=DebugConf)
     registry: RegistryConf = field(default_factory=RegistryConf)
+    offline: OfflineConf = field(default_factory=OfflineConf)
     # A local path or a URI pyarrow understands (s3://bucket/prefix, gs://...). None = outputs/<experiment>.
     output_dir: Optional[str] = None
     seed: Optional[int] = None
@@ -287,7 +333,8 @@ class TrainConfig:
     log_every: int = 1
 
 
-ALGO_SCHEMAS = {"ppo": PPOConf, "appo": APPOConf, "impala": IMPALAConf, "dqn": DQNConf}
+ALGO_SCHEMAS = {"ppo": PPOConf, "appo": APPOConf, "impala": IMPALAConf, "dqn": DQNConf, "bc": BCConf,
+                "marwil": MARWILConf}
 
 
 def register_configs() -> None:

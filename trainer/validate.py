@@ -92,6 +92,9 @@ def validate(cfg) -> None:
         raise TrainerError("checkpoint.every_n_iterations must be >= 0 and checkpoint.keep >= 1")
     if cfg.tune.scheduler != "none":
         check_param_space(cfg)
+    from trainer.offline import check_offline
+
+    check_offline(cfg)
 
 
 # Numeric bounds Hydra's types cannot express: (key, low, high, low excluded). A key the composed config does not

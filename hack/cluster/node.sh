@@ -40,11 +40,14 @@ set -euo pipefail
 
 # shellcheck source=hack/cluster/common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+# SYSCTLS, HOST_PATHS, HOST_DAEMONS, RUN_DIR: every host change this script may make, listed once (the teardown test
+# reads the same list).
+# shellcheck source=hack/cluster/host-changes.sh
+source "$(dirname "${BASH_SOURCE[0]}")/host-changes.sh"
 
 NODE_DIR="${CLUSTER_DIR}/node"                  # per-run config, certs, kubelet root, CNI config and IPAM state
 HOST_STATE="${CLUSTER_DIR}/host-state"          # host values recorded before the first change; `down` restores them
 CTR_ROOT="${RLP_CTR_ROOT:-${RLP_CACHE}/containerd-root}"   # image store: kept across down/up (a cache)
-RUN_DIR="/run/rl-platform"                      # runtime state (tmpfs): short paths for unix sockets
 CTR_STATE="${RUN_DIR}/containerd"
 CTR_SOCK="${CTR_STATE}/containerd.sock"
 RUNC_ROOT="${RUN_DIR}/runc"
@@ -66,18 +69,6 @@ COREDNS_READY_PORT=18054
 NODE_LABELS="rl-platform.io/pool=cpu,rl-platform.io/node=real"
 READY_TIMEOUT="${RLP_NODE_READY_TIMEOUT:-180}"
 KEEP_IMAGES="${RLP_NODE_KEEP_IMAGES:-1}"
-# Sysctls the kubelet (setupKernelTunables), the CNI bridge plugin (isGateway: ip_forward) or kube-proxy (only with
-# settings we do not use: route_localnet, conntrack) may change. Recorded before `up` changes anything.
-SYSCTLS=(vm.overcommit_memory vm.panic_on_oom kernel.panic kernel.panic_on_oops kernel.keys.root_maxkeys
-  kernel.keys.root_maxbytes net.ipv4.ip_forward net.ipv4.conf.all.forwarding net.ipv6.conf.all.forwarding
-  net.ipv4.conf.all.route_localnet net.bridge.bridge-nf-call-iptables net.bridge.bridge-nf-call-ip6tables
-  net.netfilter.nf_conntrack_max net.netfilter.nf_conntrack_tcp_timeout_established
-  net.netfilter.nf_conntrack_tcp_timeout_close_wait net.netfilter.nf_conntrack_tcp_be_liberal
-  net.netfilter.nf_conntrack_udp_timeout net.netfilter.nf_conntrack_udp_timeout_stream)
-# Host paths a kubelet/containerd/CNI may create outside our own folders: `down` removes the ones that were absent.
-HOST_PATHS=(/var/lib/kubelet /var/log/pods /var/log/containers /var/lib/cni /etc/cni /opt/cni /run/netns
-  /run/containerd /run/containerd/s /etc/kubernetes /usr/libexec/kubernetes /var/lib/containerd /opt/containerd
-  "${RUN_DIR}")
 
 log() { printf '[node] %s\n' "$*" >&2; }
 die() { printf 'node.sh: %s\n' "$*" >&2; exit 1; }

@@ -57,9 +57,26 @@ def test_promtool_rule_unit_tests(tools, tmp_path):
     assert "SUCCESS" in proc.stdout + proc.stderr
 
 
+def test_every_alert_has_a_firing_and_a_quiet_promtool_case(tools):
+    """Each alert the chart ships has a promtool case where it fires and one where it must not (`exp_alerts: []`):
+    a rule that always fires, or never does, fails one of the two. Cases naming no shipped alert are stale."""
+    alerts = {r["alert"] for g in _rules(tools)["groups"] for r in g["rules"] if "alert" in r}
+    fires, quiet = set(), set()
+    for case in yaml.safe_load(CASES.read_text())["tests"]:
+        for t in case.get("alert_rule_test", []):
+            (fires if t.get("exp_alerts") else quiet).add(t["alertname"])
+    assert len(alerts) >= 15, alerts
+    assert not alerts - fires, f"alerts with no promtool case where they fire: {sorted(alerts - fires)}"
+    assert not alerts - quiet, f"alerts with no promtool case where they must not fire: {sorted(alerts - quiet)}"
+    unknown = (fires | quiet) - alerts
+    assert not unknown, f"promtool cases for alerts the chart does not ship: {sorted(unknown)}"
+
+
 @pytest.mark.parametrize("sets,alert", [
     # At a 20% threshold the 10% error ratio case no longer fires.
     ({"monitoring.rules.serveErrorRatio": 0.2}, "RayServeHighErrorRate"),
+    # At 50 ms the ~99 ms cluster fires too.
+    ({"monitoring.rules.serveLatencyP99Ms": 50}, "RayServeHighLatency"),
     # At 10 episodes the candidate with 15 (far worse) episodes in the window is compared and fires.
     ({"monitoring.rules.canaryMinEpisodes": 10}, "RLPolicyCanaryWorseReturn"),
     # At z 0.1 the noisy candidate's 2-point shortfall (z 0.30) counts; at a margin of 25 the 20-point one does not.

@@ -12,11 +12,19 @@ pytestmark = pytest.mark.chart
 
 
 def test_kuberay_version_is_pinned_once_and_the_chart_agrees():
+    """The chart declares the KubeRay release that is tested (KUBERAY_VERSION) and, apart, the one it targets next;
+    the README states both. tests/k8s/test_0_cluster.py checks the operator the cluster tier runs is the declared one."""
     v = versions()
-    assert v["KUBERAY_VERSION"] == "1.7.0"
     chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
     assert chart["annotations"]["rl-platform.io/kuberay-version"] == v["KUBERAY_VERSION"]
+    assert chart["annotations"]["rl-platform.io/kuberay-target-version"] == v["KUBERAY_TARGET_VERSION"]
     assert chart["annotations"]["rl-platform.io/ray-version"] == v["RAY_VERSION"]
+    readme = (CHART / "README.md").read_text()
+    assert f"KubeRay operator **{v['KUBERAY_VERSION']}**" in readme
+    assert f"--version {v['KUBERAY_VERSION']} " in readme
+    assert f"{v['KUBERAY_TARGET_VERSION']} is the\ntarget" in readme or f"{v['KUBERAY_TARGET_VERSION']} is the target" in readme
+    # No fallback any more: what is declared is what is built and run.
+    assert "KUBERAY_CRD_FALLBACK_VERSION" not in v
 
 
 def test_values_match_the_pinned_images_and_ray():
@@ -54,18 +62,11 @@ def test_tools_live_in_a_versioned_cache_outside_the_repo(tools):
 
 
 def test_kuberay_schemas_come_from_the_pinned_version(tools):
-    """The chart is validated against the pinned KubeRay's CRDs. While hack/tools.sh had to use the declared
-    fallback (mk/versions.mk KUBERAY_CRD_FALLBACK_VERSION), this does not pass: it is reported as XFAIL with
-    both versions in every run's summary (-ra), never as a silent pass. Any other version fails."""
+    """The chart is validated against the CRDs of the KubeRay release it declares, not another one."""
     v = versions()
     version_file = tools.path("KUBERAY_SCHEMAS").rsplit("/", 1)[0] + "/VERSION"
     got = open(version_file).read().strip()
-    fallback = v.get("KUBERAY_CRD_FALLBACK_VERSION")
-    assert got in (v["KUBERAY_VERSION"], fallback), f"KubeRay CRD schemas of v{got}: neither pinned nor the fallback"
-    if got != v["KUBERAY_VERSION"]:
-        pytest.xfail(f"CHART VALIDATED AGAINST KubeRay v{got} CRDs (the declared fallback), NOT the pinned "
-                     f"v{v['KUBERAY_VERSION']}: fields new in v{v['KUBERAY_VERSION']} are unchecked. Delete "
-                     f"KUBERAY_CRD_FALLBACK_VERSION in mk/versions.mk once v{v['KUBERAY_VERSION']} downloads.")
+    assert got == v["KUBERAY_VERSION"], f"KubeRay CRD schemas of v{got}, the chart declares v{v['KUBERAY_VERSION']}"
 
 
 def _tracked_text_files():

@@ -16,6 +16,7 @@ import subprocess
 import time
 
 import pytest
+import yaml
 
 from hostsnap import snapshot
 from kubekit import IN_CI, ROOT, Cluster, sh
@@ -74,6 +75,11 @@ def _local_cluster(s: _Session, level: str) -> Cluster:
     status = sh(str(ROOT / "hack" / "cluster.sh"), "status", check=False)
     if s.before is None:
         s.preexisting = status.returncode == 0
+        if s.preexisting and IN_CI:
+            # CI proves the tear-down on every run: a cluster left from before the session is brought down first,
+            # so the host picture is taken with no cluster (the teardown test never skips under CI).
+            sh("make", "--no-print-directory", "cluster-down", timeout=600)
+            s.preexisting = False
         s.before = None if s.preexisting else snapshot()
     t0 = time.monotonic()
     # Exactly what the README tells users: make deploy-cluster (brings the cluster up, installs the release).
@@ -118,3 +124,35 @@ def cluster_a(k8s_session, cluster_kind) -> Cluster:
 def cluster_b(k8s_session, cluster_kind) -> Cluster:
     """Level B: this machine as the real CPU node + a fake GPU learner node (local), or kind's nodes."""
     return _cluster(k8s_session, cluster_kind, "b")
+
+
+@pytest.fixture
+def local_cluster_of_session(k8s_session) -> Cluster:
+    """The local cluster this session brought up (Level B if it brought up both), or a Level B one brought up now:
+    the teardown test runs alone as well as after the others."""
+    for level in ("b", "a"):
+        if ("local", level) in k8s_session.clusters:
+            return k8s_session.clusters[("local", level)]
+    return _cluster(k8s_session, "local", "b")  # skips (fails under CI) where the local tier cannot run
+
+
+@pytest.fixture(scope="session")
+def pong_checkpoint(k8s_session, cluster_kind) -> dict:
+    """The Pong checkpoint k8s/serve/rayservice.yaml serves, written in this session by the CPU-learner Pong RayJob
+    (k8s/values/pong-cpu.yaml, 2 iterations) on the real node: its folder is cleared first, so nothing left by an
+    earlier session can stand in for it. Any test that serves Pong on the cluster takes it, whichever runs first."""
+    from kubekit import HOST_STORAGE, fresh_start, pong_cpu_job, wait_job
+    from rl_checkpoint import FINAL, checkpoint_rel, resolve
+
+    c = _cluster(k8s_session, cluster_kind, "b")
+    manifest = pong_cpu_job()
+    name = yaml.safe_load(manifest)["metadata"]["name"]
+    out = HOST_STORAGE / "results" / "pong"
+    applied_at = fresh_start(c, "rayjobs", name, out)
+    t0 = time.monotonic()
+    c.kubectl("-n", "rl-platform", "apply", "-f", "-", input=manifest)
+    wait_job(c, name)
+    k8s_session.figures["level_b_pong_cpu_2iter_apply_to_succeeded_s"] = round(time.monotonic() - t0, 1)
+    final = resolve(str(out / checkpoint_rel(FINAL)))
+    c.delete_ray("rayjobs", name)
+    return {"job": name, "applied_at": applied_at, "checkpoint_id": final.checkpoint_id, "metadata": final.metadata}

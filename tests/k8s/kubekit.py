@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
@@ -126,3 +127,71 @@ def conditions(obj: dict) -> dict[str, dict]:
 
 def dump(obj: Any) -> str:
     return json.dumps(obj, indent=1, default=str)[:3000]
+
+
+def selector_matches(selector: dict, labels: dict) -> bool:
+    """A Kubernetes LabelSelector (matchLabels + matchExpressions) against a pod's labels."""
+    if any(labels.get(k) != v for k, v in (selector.get("matchLabels") or {}).items()):
+        return False
+    for e in selector.get("matchExpressions") or []:
+        v = labels.get(e["key"])
+        if e["operator"] == "In" and v not in e["values"]:
+            return False
+        if e["operator"] == "NotIn" and v in e["values"]:
+            return False
+        if e["operator"] == "Exists" and v is None:
+            return False
+        if e["operator"] == "DoesNotExist" and v is not None:
+            return False
+    return True
+
+
+# -- RayJobs run to the end (Level B) -------------------------------------------------------------------------------
+# Where the chart's shared storage lives on the host (hack/deploy-cluster.sh; kind mounts it into its nodes). It
+# outlives a test session: a test that judges what a job wrote clears the job's folder first.
+HOST_STORAGE = Path("/tmp/rl-platform")
+JOB_TIMEOUT = 1200
+
+
+def job_diagnostics(c: Cluster, name: str) -> str:
+    job = c.ray("rayjobs", name)
+    logs = ""
+    for p in c.pods(f"job-name={name}"):
+        logs += c.kubectl("-n", NAMESPACE, "logs", p.metadata.name, "--tail", "60", check=False).stdout
+    return f"status: {dump(job.get('status', {}))}\nevents: {c.events_for(name)[-10:]}\nsubmitter logs:\n{logs[-4000:]}"
+
+
+def wait_job(c: Cluster, name: str, timeout: float = JOB_TIMEOUT) -> dict:
+    """Wait for RayJob `name` to end; fail (with its status, events and submitter logs) unless it SUCCEEDED."""
+    def terminal():
+        st = c.ray("rayjobs", name).get("status", {})
+        if st.get("jobStatus") in ("SUCCEEDED", "FAILED", "STOPPED") or st.get("jobDeploymentStatus") in ("Failed", "ValidationFailed"):
+            return st
+        return None
+
+    st = wait_until(f"RayJob {name} to finish", terminal, timeout, interval=3,
+                    on_timeout=lambda: job_diagnostics(c, name))
+    assert st.get("jobStatus") == "SUCCEEDED", f"RayJob {name}: {st.get('jobStatus')}\n{job_diagnostics(c, name)}"
+    return st
+
+
+def fresh_start(c: Cluster, plural: str, name: str, output: Path | None = None) -> str:
+    """Before applying RayJob/RayService `name`: delete an earlier one (a finished RayJob of the same name would
+    not run again) and its output folder; return the UTC time (ISO seconds) the new one starts from."""
+    c.delete_ray(plural, name)
+    if plural == "rayjobs":
+        wait_until(f"the old submitter pods of {name} to go", lambda: not c.pods(f"job-name={name}"), 120)
+    if output is not None:
+        sh("rm", "-rf", str(output))
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def pong_cpu_job() -> str:
+    """k8s/values/pong-cpu.yaml rendered with a 2-iteration, small-batch override (the documented CPU-learner Pong);
+    it writes results/pong on the shared storage, the checkpoint k8s/serve/rayservice.yaml serves."""
+    values = ROOT / "k8s" / "values" / "pong-cpu.yaml"
+    overrides = yaml.safe_load(values.read_text())["rayJob"]["overrides"] + [
+        "stop.iterations=2", "algo.train_batch_size=400", "algo.minibatch_size=100", "algo.num_epochs=1"]
+    return sh(helm_path(), "template", "rl-platform", str(ROOT / "charts" / "rl-platform"), "--namespace", NAMESPACE,
+              "-f", str(values), "--set-json", f"rayJob.overrides={json.dumps(overrides)}",
+              "--show-only", "templates/rayjob.yaml").stdout

@@ -7,6 +7,7 @@ import re
 import subprocess
 
 import pytest
+import yaml
 from kubernetes import client
 
 from kubekit import ROOT, Cluster, sh
@@ -55,6 +56,25 @@ def test_service_account_tokens_authenticate(local: Cluster):
     review = client.AuthenticationV1Api(client.ApiClient(cfg)).create_self_subject_review(
         client.V1SelfSubjectReview())
     assert review.status.user_info.username == f"system:serviceaccount:{ns}:default", review.status.user_info
+
+
+def _declared_kuberay() -> dict[str, str]:
+    chart = yaml.safe_load((ROOT / "charts" / "rl-platform" / "Chart.yaml").read_text())["annotations"]
+    readme = (ROOT / "charts" / "rl-platform" / "README.md").read_text()
+    m = re.search(r"KubeRay operator \*\*([0-9.]+)\*\*", readme)
+    return {"Chart.yaml": chart["rl-platform.io/kuberay-version"], "chart README": m.group(1) if m else "(none)"}
+
+
+def test_running_kuberay_operator_is_the_version_the_chart_declares(local: Cluster):
+    """The operator every cluster-tier test runs against is the release Chart.yaml and the chart README name:
+    the Go build info of the running operator process (`go version -m`), not the binary the cache says it built."""
+    pid = _pids().get("kuberay-operator")
+    assert pid, "no kuberay-operator process in `hack/cluster.sh status`"
+    info = sh("go", "version", "-m", f"/proc/{pid}/exe").stdout
+    m = re.search(r"^\s*mod\s+github\.com/ray-project/kuberay/ray-operator\s+v(\S+)", info, re.M)
+    assert m, f"the running operator (pid {pid}) is not a ray-operator build:\n{info[:600]}"
+    declared = _declared_kuberay()
+    assert set(declared.values()) == {m.group(1)}, f"the operator runs KubeRay {m.group(1)}; declared: {declared}"
 
 
 def test_kuberay_crds_are_served(local: Cluster):

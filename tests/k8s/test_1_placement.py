@@ -18,7 +18,8 @@ import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from kubekit import NAMESPACE, ROOT, Cluster, first_doc, helm_path, all_scheduled, conditions, container_command, dump, sh, wait_until
+from kubekit import (NAMESPACE, RAY, ROOT, Cluster, all_scheduled, conditions, container_command, dump, first_doc,
+                     helm_path, selector_matches, sh, wait_until)
 
 MANIFESTS = ["k8s/jobs/pong.yaml", "k8s/jobs/cartpole.yaml", "k8s/serve/rayservice.yaml"]
 
@@ -167,22 +168,6 @@ def _rendered_podmonitors(c: Cluster) -> list[dict]:
     return [d for d in yaml.safe_load_all(out) if d and d.get("kind") == "PodMonitor"]
 
 
-def _matches(selector: dict, labels: dict) -> bool:
-    if any(labels.get(k) != v for k, v in (selector.get("matchLabels") or {}).items()):
-        return False
-    for e in selector.get("matchExpressions") or []:
-        v = labels.get(e["key"])
-        if e["operator"] == "In" and v not in e["values"]:
-            return False
-        if e["operator"] == "NotIn" and v in e["values"]:
-            return False
-        if e["operator"] == "Exists" and v is None:
-            return False
-        if e["operator"] == "DoesNotExist" and v is not None:
-            return False
-    return True
-
-
 def test_every_ray_pod_is_scraped_by_exactly_one_podmonitor_on_its_metrics_port(applied):
     c, _, names = applied
     monitors = _rendered_podmonitors(c)
@@ -190,7 +175,7 @@ def test_every_ray_pod_is_scraped_by_exactly_one_podmonitor_on_its_metrics_port(
     ray_pods = [p for rc in names.values() for p in c.pods(f"ray.io/cluster={rc}")]
     for p in ray_pods:
         labels = p.metadata.labels or {}
-        hits = [m["metadata"]["name"] for m in monitors if _matches(m["spec"]["selector"], labels)]
+        hits = [m["metadata"]["name"] for m in monitors if selector_matches(m["spec"]["selector"], labels)]
         assert len(hits) == 1, f"{p.metadata.name} {labels} matched by {hits}"
         port_names = {pt.name: pt.container_port for ctr in p.spec.containers for pt in ctr.ports or []}
         want = {ep["port"] for m in monitors for ep in m["spec"]["podMetricsEndpoints"]}
@@ -212,9 +197,40 @@ def test_head_services_expose_ray_ports_inside_the_cluster_only(applied):
     assert all(s.spec.type == "ClusterIP" for s in svcs.values()), {n: s.spec.type for n, s in svcs.items()}
 
 
-def test_disruption_budgets_are_computable_for_raycluster_pods(cluster_a: Cluster):
-    """A RayCluster has no scale subresource: a budget with maxUnavailable is never computed and blocks every drain."""
-    policy = client.PolicyV1Api(cluster_a.api_client)
+@pytest.fixture
+def release_workers(cluster_a: Cluster):
+    """The release's RayCluster with one pod in each worker group: k8s/values/local.yaml runs none (a 2-core node),
+    and a budget over no pods proves nothing. The groups' sizes are put back afterwards."""
+    c = cluster_a
+    rc = c.ray("rayclusters", "rl-platform")
+    groups = rc["spec"].get("workerGroupSpecs") or []
+    assert groups, "the release's RayCluster has no worker groups"
+    before = [{k: g.get(k) for k in ("replicas", "minReplicas", "maxReplicas")} for g in groups]
+    patch = [{**g, "replicas": max(1, int(g.get("replicas") or 0)),
+              "minReplicas": min(1, int(g.get("minReplicas") or 0)), "maxReplicas": max(1, int(g.get("maxReplicas") or 0))}
+             for g in groups]
+    c.custom.patch_namespaced_custom_object(*RAY, NAMESPACE, "rayclusters", "rl-platform",
+                                            {"spec": {"workerGroupSpecs": patch}})
+    try:
+        yield c
+    finally:
+        restore = [{**g, **{k: v for k, v in b.items() if v is not None}}
+                   for g, b in zip(c.ray("rayclusters", "rl-platform")["spec"]["workerGroupSpecs"], before)]
+        c.custom.patch_namespaced_custom_object(*RAY, NAMESPACE, "rayclusters", "rl-platform",
+                                                {"spec": {"workerGroupSpecs": restore}})
+        want = sum(int(b["replicas"] or 0) for b in before)
+        wait_until("the release's workers back to their size", lambda: len(
+            [p for p in c.pods("ray.io/cluster=rl-platform,ray.io/node-type=worker")
+             if p.metadata.deletion_timestamp is None]) == want, 120)
+
+
+def test_disruption_budgets_count_the_release_pods_without_warnings(release_workers: Cluster):
+    """Every budget of the release selects pods that exist (head and workers), counts them all healthy, and the
+    disruption controller reports no warning for it (a RayCluster has no scale subresource: with maxUnavailable it
+    would report CalculateExpectedPodCountFailed and block every drain)."""
+    c = release_workers
+    policy = client.PolicyV1Api(c.api_client)
+    seen: dict[str, str] = {}
 
     def computed():
         pdbs = policy.list_namespaced_pod_disruption_budget(NAMESPACE).items
@@ -222,13 +238,23 @@ def test_disruption_budgets_are_computable_for_raycluster_pods(cluster_a: Cluste
             return None
         for pdb in pdbs:
             selector = ",".join(f"{k}={v}" for k, v in pdb.spec.selector.match_labels.items())
-            pods = cluster_a.pods(selector)
-            if pdb.status is None or pdb.status.expected_pods != len(pods) or pdb.status.current_healthy != len(pods):
+            pods = [p for p in c.pods(selector) if p.metadata.deletion_timestamp is None]
+            st = pdb.status
+            seen[pdb.metadata.name] = f"{len(pods)} pods ({selector}); status {st.to_dict() if st else None}"
+            if not pods or st is None or st.observed_generation != pdb.metadata.generation:
+                return None
+            if st.expected_pods != len(pods) or st.current_healthy != len(pods):
                 return None
         return pdbs
 
-    pdbs = wait_until("every PodDisruptionBudget to count its pods", computed, 60)
-    assert {p.metadata.name for p in pdbs} == {"rl-platform-head", "rl-platform-workers"}
+    pdbs = wait_until("every PodDisruptionBudget to count its (existing) pods", computed, 120,
+                      on_timeout=lambda: "\n".join(f"{k}: {v}" for k, v in seen.items()))
+    assert {p.metadata.name for p in pdbs} == {"rl-platform-head", "rl-platform-workers"}, seen
     for pdb in pdbs:
-        warnings = [e for e in cluster_a.events_for(pdb.metadata.name) if "CalculateExpectedPodCountFailed" in e]
-        assert not warnings or pdb.status.observed_generation == pdb.metadata.generation, warnings
+        assert pdb.status.expected_pods >= 1, f"{pdb.metadata.name}: {seen[pdb.metadata.name]}"
+        warnings = [e for e in c.events_for(pdb.metadata.name) if e.startswith("Warning")]
+        assert not warnings, f"{pdb.metadata.name}: {warnings}"
+    # The head's budget holds the head (0 may be down); the workers' lets one go at a time.
+    by_name = {p.metadata.name: p for p in pdbs}
+    assert by_name["rl-platform-head"].status.disruptions_allowed == 0, by_name["rl-platform-head"].status
+    assert by_name["rl-platform-workers"].status.disruptions_allowed >= 1, by_name["rl-platform-workers"].status

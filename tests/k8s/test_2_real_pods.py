@@ -5,6 +5,10 @@ Train then serve, as a user would: k8s/jobs/cartpole.yaml to SUCCEEDED with its 
 the CPU-learner Pong variant (k8s/values/pong-cpu.yaml) for 2 iterations, the real k8s/jobs/pong.yaml placed
 (rollouts on the real node, the learner on the GPU node), and k8s/serve/rayservice.yaml answering an act request
 through its Kubernetes Service from the host and from a pod.
+
+Each test makes its own preconditions (any one runs alone): a job's output folder is cleared and an earlier object
+of the same name deleted before it is applied, and the RayService serves the Pong checkpoint the `pong_checkpoint`
+fixture (conftest.py) wrote in this session.
 """
 
 from __future__ import annotations
@@ -12,8 +16,6 @@ from __future__ import annotations
 import base64
 import json
 import time
-from datetime import datetime, timezone
-from pathlib import Path
 
 import pytest
 import requests
@@ -23,12 +25,8 @@ from kubernetes import client
 
 from rl_checkpoint import BEST, FINAL, Storage, checkpoint_rel, iter_name, read_eval_records, read_state, resolve
 from rl_checkpoint.registry import Registry
-from kubekit import NAMESPACE, ROOT, Cluster, first_doc, helm_path, all_scheduled, dump, sh, wait_until
-
-# Where the chart's shared storage lives on the host (hack/deploy-cluster.sh; kind mounts it into its nodes).
-HOST_STORAGE = Path("/tmp/rl-platform")
-JOB_TIMEOUT = 1200
-
+from kubekit import (HOST_STORAGE, NAMESPACE, ROOT, Cluster, all_scheduled, dump, first_doc, fresh_start, helm_path, sh,
+                     wait_job, wait_until)
 
 @pytest.fixture(scope="module")
 def real(cluster_b: Cluster) -> Cluster:
@@ -40,27 +38,6 @@ def real(cluster_b: Cluster) -> Cluster:
                        for l in nodes.values()), "fake CPU nodes left over from level A"
     return c
 
-
-
-def _job_diagnostics(c: Cluster, name: str) -> str:
-    job = c.ray("rayjobs", name)
-    logs = ""
-    for p in c.pods(f"job-name={name}"):
-        logs += c.kubectl("-n", NAMESPACE, "logs", p.metadata.name, "--tail", "60", check=False).stdout
-    return f"status: {dump(job.get('status', {}))}\nevents: {c.events_for(name)[-10:]}\nsubmitter logs:\n{logs[-4000:]}"
-
-
-def _wait_job(c: Cluster, name: str, timeout: float = JOB_TIMEOUT) -> dict:
-    def terminal():
-        st = c.ray("rayjobs", name).get("status", {})
-        if st.get("jobStatus") in ("SUCCEEDED", "FAILED", "STOPPED") or st.get("jobDeploymentStatus") in ("Failed", "ValidationFailed"):
-            return st
-        return None
-
-    st = wait_until(f"RayJob {name} to finish", terminal, timeout, interval=3,
-                    on_timeout=lambda: _job_diagnostics(c, name))
-    assert st.get("jobStatus") == "SUCCEEDED", f"RayJob {name}: {st.get('jobStatus')}\n{_job_diagnostics(c, name)}"
-    return st
 
 
 def _real_node(c: Cluster) -> str:
@@ -92,25 +69,27 @@ def test_long_running_raycluster_head_runs_ray_on_the_real_node(real: Cluster):
 
 def test_cartpole_rayjob_succeeds_and_writes_its_checkpoint(real: Cluster):
     name = first_doc("k8s/jobs/cartpole.yaml")["metadata"]["name"]
-    final = HOST_STORAGE / "results" / "cartpole" / checkpoint_rel(FINAL)
+    out = HOST_STORAGE / "results" / "cartpole"
+    # A run folder left by an earlier session would be resumed (a finished run writes nothing new): train from scratch.
+    applied_at = fresh_start(real, "rayjobs", name, out)
     t0 = time.monotonic()
-    applied_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
     real.apply("k8s/jobs/cartpole.yaml")
-    _wait_job(real, name)
+    wait_job(real, name)
     real.figures["level_b_cartpole_apply_to_succeeded_s"] = round(time.monotonic() - t0, 1)
-    meta = resolve(str(final)).metadata
+    meta = resolve(str(out / checkpoint_rel(FINAL))).metadata
     assert meta is not None and meta.env and (meta.iteration or 0) >= 1, meta
+    # Written by this job: after it was applied (the folder was empty then).
+    assert meta.created and meta.created >= applied_at, (meta.created, applied_at)
     # registry.root (k8s/values/cartpole.yaml): the run evaluated its best checkpoint on the cluster and registered
     # it; the registry and the checkpoint's evaluation record are on the shared claim, as the host sees it.
-    best = resolve(str(HOST_STORAGE / "results" / "cartpole" / checkpoint_rel(BEST)))
+    best = resolve(str(out / checkpoint_rel(BEST)))
+    assert best.metadata.created >= applied_at, (best.metadata.created, applied_at)
     records = [r for r in read_eval_records(best.storage) if r.checkpoint_id == best.checkpoint_id]
     assert records and records[-1].episodes == 20 and records[-1].greedy, records
+    assert records[-1].created >= applied_at, (records[-1].created, applied_at)
     newest = Registry(str(HOST_STORAGE / "registry")).versions("cartpole_ppo")[-1]
     assert newest.checkpoint_id == best.checkpoint_id and newest.checkpoint == "/mnt/rl-platform/results/cartpole/checkpoints/best"
-    # /tmp/rl-platform outlives a test session: a rerun resumes the finished run, re-evaluates the same best (a
-    # new record) and finds it registered already (same checkpoint id: the existing version, unchanged).
     assert {e["eval_id"] for e in newest.eval} <= {r.eval_id for r in records}, (newest, records)
-    assert records[-1].created >= applied_at, (records[-1].created, applied_at)
     real.delete_ray("rayjobs", name)
 
 
@@ -145,9 +124,7 @@ def test_deleting_the_head_pod_checkpoints_and_the_retry_resumes(real: Cluster):
     manifest = _preempt_job()
     name = yaml.safe_load(manifest)["metadata"]["name"]
     out = HOST_STORAGE / "results" / "preempt"
-    real.delete_ray("rayjobs", name)  # a leftover of an earlier run (its submitter's logs would match at once)
-    wait_until("the old submitter pods to go", lambda: not real.pods(f"job-name={name}"), 120)
-    sh("rm", "-rf", str(out))
+    fresh_start(real, "rayjobs", name, out)  # a leftover of an earlier run (its submitter's logs would match at once)
     t0 = time.monotonic()
     real.kubectl("-n", NAMESPACE, "apply", "-f", "-", input=manifest)
     wait_until("the preempt job to train", lambda: "| env steps" in _submitter_logs(real, name), 600, interval=3)
@@ -165,7 +142,7 @@ def test_deleting_the_head_pod_checkpoints_and_the_retry_resumes(real: Cluster):
     meta = resolve(str(out / first)).metadata
     assert meta is not None and meta.env_steps < PREEMPT_STEPS, meta
     assert not (out / "summary.json").exists()
-    st = _wait_job(real, name)
+    st = wait_job(real, name)
     real.figures["level_b_preempted_job_apply_to_succeeded_s"] = round(time.monotonic() - t0, 1)
     summary = json.loads((out / "summary.json").read_text())
     # The retry went on from that checkpoint to the run's end, not from scratch.
@@ -175,27 +152,12 @@ def test_deleting_the_head_pod_checkpoints_and_the_retry_resumes(real: Cluster):
     real.delete_ray("rayjobs", name)
 
 
-def _pong_cpu_job() -> str:
-    """k8s/values/pong-cpu.yaml rendered with a 2-iteration, small-batch override (the documented CPU-learner Pong)."""
-    values = ROOT / "k8s" / "values" / "pong-cpu.yaml"
-    overrides = yaml.safe_load(values.read_text())["rayJob"]["overrides"] + [
-        "stop.iterations=2", "algo.train_batch_size=400", "algo.minibatch_size=100", "algo.num_epochs=1"]
-    helm = helm_path()
-    return sh(helm, "template", "rl-platform", str(ROOT / "charts" / "rl-platform"), "--namespace", NAMESPACE,
-              "-f", str(values), "--set-json", f"rayJob.overrides={json.dumps(overrides)}",
-              "--show-only", "templates/rayjob.yaml").stdout
-
-
-def test_pong_cpu_learner_variant_succeeds(real: Cluster):
-    manifest = _pong_cpu_job()
-    name = yaml.safe_load(manifest)["metadata"]["name"]
-    t0 = time.monotonic()
-    real.kubectl("-n", NAMESPACE, "apply", "-f", "-", input=manifest)
-    _wait_job(real, name)
-    real.figures["level_b_pong_cpu_2iter_apply_to_succeeded_s"] = round(time.monotonic() - t0, 1)
-    final = HOST_STORAGE / "results" / "pong" / checkpoint_rel(FINAL)
-    assert resolve(str(final)).metadata.framestack == 4
-    real.delete_ray("rayjobs", name)
+def test_pong_cpu_learner_variant_succeeds(real: Cluster, pong_checkpoint: dict):
+    """The documented CPU-learner Pong (k8s/values/pong-cpu.yaml) runs to SUCCEEDED (the fixture runs it, once per
+    session, on a cleared folder) and writes a frame-stacked Pong checkpoint after it was applied."""
+    meta = pong_checkpoint["metadata"]
+    assert meta is not None and meta.env == "pong" and meta.framestack == 4, meta
+    assert meta.created and meta.created >= pong_checkpoint["applied_at"], (meta.created, pong_checkpoint["applied_at"])
 
 
 def test_real_pong_manifest_rollouts_on_real_node_learner_on_gpu_node(real: Cluster):
@@ -227,9 +189,11 @@ def _pong_frame_request() -> dict:
             "frame": {"b64": base64.b64encode(frame).decode(), "dtype": "uint8", "shape": [210, 160, 3]}}
 
 
-def test_rayservice_answers_through_its_service_from_host_and_pod(real: Cluster):
+def test_rayservice_answers_through_its_service_from_host_and_pod(real: Cluster, pong_checkpoint: dict):
     doc = first_doc("k8s/serve/rayservice.yaml")
     name = doc["metadata"]["name"]
+    # A RayService already running (another test, an earlier session) keeps the checkpoint it loaded: start anew.
+    fresh_start(real, "rayservices", name)
     t0 = time.monotonic()
     real.apply("k8s/serve/rayservice.yaml")
     svc_name = f"{name}-serve-svc"
@@ -247,10 +211,12 @@ def test_rayservice_answers_through_its_service_from_host_and_pod(real: Cluster)
     real.figures["level_b_rayservice_apply_to_first_answer_s"] = round(time.monotonic() - t0, 1)
     assert r.json()["action"] in range(6), r.text
     # Train then serve without copying: the Serve pods answer with the checkpoint the Pong RayJob's pods wrote on the
-    # shared claim (test_pong_cpu_learner_variant_succeeds), as the host sees it on the PersistentVolume's folder.
+    # shared claim in this session (the pong_checkpoint fixture), as the host sees it on the PersistentVolume's folder.
     written = resolve(str(HOST_STORAGE / "results" / "pong" / checkpoint_rel(FINAL)))
+    assert written.checkpoint_id == pong_checkpoint["checkpoint_id"], (written.metadata, pong_checkpoint)
+    assert written.metadata.created >= pong_checkpoint["applied_at"], (written.metadata.created, pong_checkpoint)
     info = requests.get(f"http://{ip}:8000/v1/policies/default", timeout=10).json()
-    assert info["checkpoint_id"] == written.checkpoint_id, (info, written.metadata)
+    assert info["checkpoint_id"] == pong_checkpoint["checkpoint_id"], (info, pong_checkpoint)
     # From a pod, through cluster DNS and the same Service (restricted Pod Security: non-root, no capabilities).
     url = f"http://{svc_name}.{NAMESPACE}.svc.cluster.local:8000/v1/policies/default/act"
     # The request (a 100 KB raw frame) is built inside the pod: it is too long for a command-line argument.

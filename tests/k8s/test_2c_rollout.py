@@ -3,9 +3,9 @@ spec.serveConfigV2 (candidate at 50%, then 100%, then promoted) while clients pl
 RayService's Kubernetes Service and post episode feedback: KubeRay applies each step to the same RayCluster (same
 name, the same pods), no request fails, and no session is answered by two checkpoints.
 
-Runs after test_2_real_pods (the RayService serves the checkpoint the Pong RayJob wrote; `kubectl apply` brings it
-back if a previous run left it elsewhere). The candidate is an untrained Pong module written to the shared storage
-the pods mount (HOST_STORAGE on the host = /mnt/rl-platform in the pods).
+The champion is the Pong checkpoint the `pong_checkpoint` fixture (conftest.py) wrote in this session; `kubectl
+apply` brings the manifest's champion back if a previous run promoted another. The candidate is an untrained Pong
+module written to the shared storage the pods mount (HOST_STORAGE on the host = /mnt/rl-platform in the pods).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import pytest
 import requests
 import yaml
 
-from kubekit import NAMESPACE, ROOT, Cluster, dump, first_doc, wait_until
+from kubekit import NAMESPACE, ROOT, Cluster, dump, first_doc, fresh_start, wait_until
 
 sys.path.insert(0, str(ROOT / "tests" / "serving"))
 from make_checkpoint import make_module_checkpoint  # noqa: E402
@@ -98,16 +98,20 @@ class PongSessions:
             t.join(timeout=60)
 
 
-def test_rollout_updates_the_rayservice_in_place_with_no_failed_request(real: Cluster):
+def test_rollout_updates_the_rayservice_in_place_with_no_failed_request(real: Cluster, pong_checkpoint: dict):
     doc = first_doc("k8s/serve/rayservice.yaml")
     name = doc["metadata"]["name"]
-    real.apply("k8s/serve/rayservice.yaml")  # the manifest's champion (a previous run may have promoted another)
+    # A RayService left running (another test, an earlier session) holds the checkpoint it loaded then, maybe not the
+    # one now on disk under the same path, or a candidate a previous run promoted: start it anew from the manifest.
+    fresh_start(real, "rayservices", name)
+    real.apply("k8s/serve/rayservice.yaml")
     ip = _serving(real, name)
     url = f"http://{ip}:8000"
     champion = yaml.safe_load(doc["spec"]["serveConfigV2"])["applications"][0]["deployments"][0]["user_config"][
         "policies"]["default"]["checkpoint"]
-    wait_until("the manifest's champion to serve", lambda: requests.get(f"{url}/v1/policies/default", timeout=10)
-               .json().get("checkpoint") == champion, 300, interval=2)
+    info = requests.get(f"{url}/v1/policies/default", timeout=10).json()
+    assert info.get("checkpoint") == champion and info.get("checkpoint_id") == pong_checkpoint["checkpoint_id"], (
+        info, pong_checkpoint)
 
     rel = f"candidates/pong-untrained-{int(time.time())}"
     cand_id = resolve(str(make_module_checkpoint(HOST_STORAGE / rel, "pong", seed=2))).checkpoint_id

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import shutil
+import signal
 import socket
 import time
 
@@ -442,3 +444,62 @@ def test_metrics_appear_on_rays_metrics_port_after_traffic(server):
     assert not missing, f"missing on {server.metrics_url}: {missing}"
     info = [l for l in text.splitlines() if l.startswith("ray_rl_serve_policy_info{") and 'policy="default"' in l]
     assert any(l.endswith(" 1.0") for l in info), info
+
+
+# ------------------------------------------------------------------------------------------- not served yet
+
+
+def _act_slow(server) -> requests.Response:
+    return requests.post(server.base + "/v1/policies/slow/act", json={"observation": [0.0] * 4}, timeout=30)
+
+
+def test_configured_policy_answers_503_while_it_loads_and_after_its_load_failed(server, serving_workdir,
+                                                                                cartpole_v2_checkpoint):
+    """A reload adds `slow`: while its checkpoint loads it answers 503 `loading` with Retry-After (it used to be
+    404 `unknown_policy`, which a client cannot tell from a name that is not configured), then 503 `load_failed`
+    with the error once the load failed; names not configured stay 404 and the other policies keep answering.
+    The checkpoint's module state is a FIFO: the replica's load blocks opening it until the test opens the other
+    end, which holds `slow` in `loading` for as long as the test needs; a FIFO cannot seek, so the load then fails."""
+    good = dict(server.policies)
+    slow = serving_workdir / "slow_policy"
+    shutil.copytree(cartpole_v2_checkpoint, slow)
+    state = slow / "module_state.pkl"
+    state.unlink()
+    os.mkfifo(state)
+    server.write_config({**good, "slow": str(slow)})  # the launcher's layout check does not read the module state
+    server.proc.send_signal(signal.SIGHUP)
+    try:
+        deadline = time.monotonic() + 120
+        r = _act_slow(server)
+        while r.status_code == 404 and time.monotonic() < deadline:  # until the replica has the new config
+            time.sleep(0.1)
+            r = _act_slow(server)
+        assert r.status_code == 503, r.text
+        err = r.json()["error"]
+        assert err["code"] == "loading" and "slow" in err["message"], err
+        assert int(r.headers["Retry-After"]) > 0, r.headers
+        info = requests.get(server.base + "/v1/policies/slow", timeout=10)
+        assert (info.status_code, info.json()["error"]["code"]) == (503, "loading"), info.text
+        nope = requests.post(server.base + "/v1/policies/nope/act", json={"observation": [0.0] * 4}, timeout=10)
+        assert (nope.status_code, nope.json()["error"]["code"]) == (404, "unknown_policy"), nope.text
+        ok = requests.post(server.base + "/v1/policies/default/act", json={"observation": [0.0] * 4}, timeout=30)
+        assert ok.status_code == 200, ok.text
+        assert _act_slow(server).status_code == 503, "still loading: nothing has opened the FIFO's other end"
+    finally:  # let the blocked load go on (and fail); a FIFO without a reader refuses a non-blocking open
+        try:
+            fd = os.open(state, os.O_WRONLY | os.O_NONBLOCK)
+            os.close(fd)
+        except OSError:
+            pass
+    ev = server.wait_event("reload_failed", 180)
+    assert "slow" in ev["error"], ev
+    r = _act_slow(server)
+    assert r.status_code == 503, r.text
+    err = r.json()["error"]
+    assert err["code"] == "load_failed" and "cannot load RLModule" in err["message"], err
+    assert err["detail"]["reload_error"]["checkpoint"] == str(slow), err
+    assert "Retry-After" not in r.headers, "a failed load is not retried until the config changes"
+
+    server.reload(good)
+    r = _act_slow(server)
+    assert (r.status_code, r.json()["error"]["code"]) == (404, "unknown_policy"), r.text

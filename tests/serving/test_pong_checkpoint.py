@@ -1,4 +1,6 @@
-"""A real Pong checkpoint from the trainer, served: train/serve parity on the same raw ALE frames.
+"""A real Pong checkpoint from the trainer, loaded by the server's own code in this process (serving.policy's
+LoadedPolicy, what a replica runs; no Serve, no HTTP: test_api and test_lifecycle serve Pong over HTTP): train/serve
+parity on the same raw ALE frames.
 
 The trained module is run twice on one stretch of Pong: once by the trainer's own env runner (the env and
 connectors `trainer.algo.build_algo_config` builds from the run's config.yaml, RLlib's MaxAndSkipEnv / WarpFrame /
@@ -35,7 +37,9 @@ def trained_pong(serving_workdir) -> str:
     return json.loads(proc.stdout.strip().splitlines()[-1])["checkpoint"]
 
 
-def test_trained_pong_checkpoint_is_served_with_frame_stacking(trained_pong):
+def test_trained_pong_checkpoint_loads_with_frame_stacking_in_the_server_code(trained_pong):
+    """The replica's loading and session code, in-process: 4-frame stacking of preprocessed raw frames, actions equal
+    the checkpoint's own module's."""
     from rl_envs.atari import preprocess_frame
     from serving.policy import LoadedPolicy
     from test_api import reference_actions

@@ -171,7 +171,7 @@ def test_checkpoint_that_passes_the_layout_check_but_cannot_load_is_reported(ser
 def test_new_policy_whose_checkpoint_cannot_load_leaves_the_others_serving(server, serving_workdir,
                                                                           cartpole_v2_checkpoint):
     """A reload that adds a policy whose checkpoint passes the layout check but cannot load: the replica keeps
-    serving the others (no restart, no failed request), the new name answers 404 with the load error, /readyz
+    serving the others (no restart, no failed request), the new name answers 503 load_failed with the load error, /readyz
     lists it, and the launcher reports the failure."""
     good = dict(server.policies)
     corrupt = serving_workdir / "corrupt_new_policy"
@@ -209,9 +209,9 @@ def test_new_policy_whose_checkpoint_cannot_load_leaves_the_others_serving(serve
         f"the launcher did not report the policy that failed to load: {ev}"
 
     r = requests.get(server.base + "/v1/policies/extra", timeout=10)
-    assert r.status_code == 404, r.text
+    assert r.status_code == 503, r.text
     err = r.json()["error"]
-    assert err["code"] == "unknown_policy" and "cannot load RLModule" in err["message"], err
+    assert err["code"] == "load_failed" and "cannot load RLModule" in err["message"], err
     assert err["detail"]["reload_error"]["checkpoint"] == str(corrupt), err
     r = requests.get(server.base + "/readyz", timeout=10)
     assert r.status_code == 200, r.text  # the configured policies that load keep the replica ready

@@ -1,6 +1,8 @@
 """SIGTERM (Kubernetes preemption, eviction, `kubectl delete`) and SIGINT stop the trainer gracefully: it saves a
-checkpoint at the end of the iteration, exits 143/130 with one line saying so, and a rerun resumes from it."""
+checkpoint at the end of the iteration, exits 143/130 with one line saying so, and a rerun resumes from it. An
+iteration that cannot finish within `fault_tolerance.stop_grace_s` is cut short at that bound (trainer/signals.py)."""
 
+import csv
 import json
 import signal
 import subprocess
@@ -50,11 +52,61 @@ def test_signal_checkpoints_and_exits_with_the_conventional_code(sig, code, tmp_
     assert str(tmp_path / state.latest_checkpoint) in line[0]
     assert resolve(str(tmp_path / state.latest_checkpoint)).metadata is not None
 
-    if sig == signal.SIGTERM:  # the RayJob's retry: the same command resumes from the checkpoint just written
-        rerun = run_trainer(f"output_dir={tmp_path}", "stop.iterations=1", *TINY)
-        summary = summary_of(rerun)
-        assert summary["resumed_from"] == str(tmp_path / state.latest_checkpoint)
-        assert summary["iterations"] == state.iteration + 1
+    # The same command resumes from the checkpoint just written (a RayJob's retry after SIGTERM, a user's rerun
+    # after Ctrl-C): the iteration count goes on from it.
+    rerun = run_trainer(f"output_dir={tmp_path}", "stop.iterations=1", *TINY)
+    summary = summary_of(rerun)
+    assert summary["resumed_from"] == str(tmp_path / state.latest_checkpoint), summary
+    assert summary["iterations"] == state.iteration + 1, \
+        f"{summary['iterations']} iterations after resuming from iteration {state.iteration}: {summary}"
+
+
+# An iteration of this size takes 8-16 s here (asserted below to outlast the bound: `iteration_s`), so the stop
+# cannot complete within GRACE_S and the watchdog must end it.
+SLOW = ["algo.train_batch_size=40000", "algo.minibatch_size=4000", "algo.num_epochs=1",
+        "checkpoint.every_n_iterations=1"]
+GRACE_S = 1.0
+# Signal to exit, measured 1.07 s on this machine (2 shared cores); the bound leaves room for a loaded machine. A
+# correctness bound (a stop that waits for the iteration to end takes the iteration's seconds), not a speed target.
+EXIT_BOUND_S = GRACE_S + 3
+
+
+def test_stop_grace_s_bounds_a_stop_whose_iteration_cannot_finish(tmp_path):
+    """trainer/signals.py: if the iteration and the save do not finish within stop_grace_s the process exits at that
+    bound with the signal's code, one line naming the checkpoint a rerun resumes from, and no new checkpoint."""
+    cmd = trainer_cmd(f"output_dir={tmp_path}", "stop.iterations=100000", "stop.episode_return_mean=null", *SLOW,
+                      f"fault_tolerance.stop_grace_s={GRACE_S}", f"resources.ray_tmp_dir={short_tmp()}")
+    with open(tmp_path / "out.log", "w") as out, open(tmp_path / "err.log", "w") as err:
+        proc = subprocess.Popen(cmd, cwd=REPO, env=trainer_env(), stdout=out, stderr=err)
+    try:
+        deadline = time.monotonic() + 300
+        while not (tmp_path / "state.json").exists() or read_state(Storage.open(str(tmp_path), create=False)) \
+                .latest_checkpoint is None:  # iteration 1's checkpoint committed: iteration 2 has just begun
+            assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "err.log").read_text()[-3000:]
+            time.sleep(0.05)
+        before = read_state(Storage.open(str(tmp_path), create=False))
+        t_signal = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        code = proc.wait(timeout=120)
+        took = time.monotonic() - t_signal
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    err = (tmp_path / "err.log").read_text()
+    assert code == 130, f"exit {code}:\n{err[-3000:]}"
+    assert GRACE_S * 0.9 <= took <= EXIT_BOUND_S, f"stopped {took:.1f}s after SIGINT, grace {GRACE_S}s:\n{err[-2000:]}"
+    # The premise: an iteration here takes longer than the grace (progress.csv, flushed with iteration 1's checkpoint).
+    iteration_s = float(next(csv.DictReader((tmp_path / "progress.csv").open()))["iter_s"])
+    assert iteration_s > EXIT_BOUND_S, f"iteration 1 took {iteration_s}s: too short to tell a cut stop from a whole one"
+    assert "Traceback" not in err and "logging.cc" not in err, err[-3000:]
+    lines = [l for l in err.splitlines() if l.startswith("error: stopped by SIGINT")]
+    assert lines == [f"error: stopped by SIGINT (not done within {GRACE_S:g}s) without a new checkpoint: a rerun "
+                     f"resumes from {tmp_path / before.latest_checkpoint}"], err[-3000:]
+    after = read_state(Storage.open(str(tmp_path), create=False))
+    assert (after.iteration, after.latest_checkpoint) == (before.iteration, before.latest_checkpoint) == \
+        (1, checkpoint_rel(iter_name(1))), (before, after)
+    assert not (tmp_path / checkpoint_rel(iter_name(2))).exists()
+    print(f"stopped {took:.2f}s after SIGINT (grace {GRACE_S:g}s); iteration 1 took {iteration_s:.1f}s")
 
 
 def test_sigterm_under_tune_saves_the_experiment_and_a_rerun_resumes_it(tmp_path):

@@ -14,6 +14,8 @@ from trainer.config import register_configs
 from trainer.errors import TrainerError
 from trainer.tuning import search_space
 from trainer.validate import validate
+from trainer.offline import OFFLINE_ALGOS
+from offline_logs import row, write_rows
 
 CONF = Path(__file__).resolve().parents[2] / "hydra_conf"
 EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
@@ -56,7 +58,7 @@ def test_eval_env_runners_go_to_the_rollout_pool_and_stack_frames():
 
 def test_groups_present():
     assert EXPERIMENTS == ["cartpole_ppo", "pong_appo", "pong_ppo"]
-    assert ALGOS == ["appo", "dqn", "impala", "ppo"]
+    assert ALGOS == ["appo", "bc", "dqn", "impala", "marwil", "ppo"]
     assert set(ENVS) >= {"cartpole", "pong", "trading"}
 
 
@@ -97,9 +99,11 @@ def test_pong_uses_framestacking_connectors_and_conv_model():
 
 
 @pytest.mark.parametrize("algo", ALGOS)
-def test_every_algo_composes_with_cartpole(algo):
-    # Presets tune one algorithm; `~experiment` drops the preset to combine groups freely.
-    cfg = cfg_of("~experiment", f"algo={algo}", "env=cartpole")
+def test_every_algo_composes_with_cartpole(algo, tmp_path):
+    # Presets tune one algorithm; `~experiment` drops the preset to combine groups freely. Offline ones need a log.
+    log = write_rows(tmp_path / "log" / "a.parquet", [row("e", 0, [0.0] * 4, 0, done=True)]).parent
+    cfg = cfg_of("~experiment", f"algo={algo}", "env=cartpole",
+                 *([f"offline.input={log}"] if algo in OFFLINE_ALGOS else []))
     assert cfg.algo.name == algo and cfg.experiment == f"cartpole_{algo}"
     validate(cfg)
     config = build_algo_config(cfg)

@@ -30,8 +30,9 @@ REVIEWED_UNLABELLED = {
     "cuda-toolkit": "no code (meta-package); the packages it selects are checked themselves",
 }
 
-# Strong-copyleft dependencies the project still has: a licence defect each, reported as XFAIL in every run's
-# summary (-ra) until removed. Delete the entry when the dependency goes (the xfail then fails as XPASS).
+# The licence rule's deliberate exceptions: strong-copyleft dependencies the project keeps on purpose, each reported as
+# XFAIL in every run's summary (-ra) so it never goes unnoticed, and named in the README's Test section. Delete the
+# entry when the dependency goes (the xfail then fails as XPASS).
 KNOWN_STRONG_COPYLEFT = {
     # The Arcade Learning Environment (ale_py-0.12.1.dist-info/licenses/LICENSE.md: GNU GPL v2), declared directly
     # and through gymnasium[atari] for the Pong env (rl_envs, trainer, serving's Pong preprocessing).
@@ -195,11 +196,20 @@ def test_no_strong_copyleft_dependency(deps):
         "\n  ".join(bad.values())
 
 
-@pytest.mark.xfail(strict=True, reason="LICENCE DEFECT still present: " + ", ".join(
+@pytest.mark.xfail(strict=True, reason="DELIBERATE EXCEPTION to the licence rule, still present: " + ", ".join(
     f"{n} ({lic})" for n, lic in KNOWN_STRONG_COPYLEFT.items()) + " (tests/unit/test_licences.py)")
 def test_known_strong_copyleft_dependencies_are_gone(deps):
     still = sorted(set(KNOWN_STRONG_COPYLEFT) & set(strong_copyleft(deps)))
     assert not still, f"still depended on: {still}"
+
+
+def test_readme_names_each_deliberate_exception():
+    """Users read the exceptions in the README's Test section, not only in this file."""
+    readme = (REPO / "README.md").read_text()
+    test = readme[readme.index("\n## Test\n"):]
+    test = test[:test.find("\n## ", 1)]
+    missing = [n for n in KNOWN_STRONG_COPYLEFT if n not in test]
+    assert "deliberate exception" in test and not missing, f"README's Test section does not name: {missing}"
 
 
 def test_every_dependency_names_its_licence_or_was_reviewed(deps):

@@ -8,11 +8,13 @@ so the env emits single (dim, dim, 1) frames.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any, Mapping
 
 import gymnasium as gym
 import numpy as np
+
+from rl_envs.envconfig import config_of
 
 
 @dataclass
@@ -25,11 +27,7 @@ class AtariConfig:
 
     @classmethod
     def of(cls, config: Mapping[str, Any] | None) -> "AtariConfig":
-        config = dict(config or {})
-        unknown = sorted(set(config) - {f.name for f in fields(cls)})
-        if unknown:
-            raise ValueError(f"atari env: unknown env_config keys {unknown}; known: {[f.name for f in fields(cls)]}")
-        return cls(**config)
+        return config_of(cls, config, "atari")
 
     def check(self) -> "AtariConfig":
         """The env's rules for its config (the trainer checks them before Ray starts): raises ValueError."""

@@ -8,11 +8,13 @@ Reward: the portfolio's log-return over the step minus a transaction cost on pos
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any, List, Mapping
 
 import gymnasium as gym
 import numpy as np
+
+from rl_envs.envconfig import config_of
 from gymnasium import spaces
 
 OBS_CLIP = 10.0
@@ -33,11 +35,7 @@ class TradingConfig:
 
     @classmethod
     def of(cls, config: Mapping[str, Any] | None) -> "TradingConfig":
-        config = dict(config or {})
-        unknown = sorted(set(config) - {f.name for f in fields(cls)})
-        if unknown:
-            raise ValueError(f"trading env: unknown env_config keys {unknown}; known: {[f.name for f in fields(cls)]}")
-        return cls(**config)
+        return config_of(cls, config, "trading")
 
     def check(self) -> "TradingConfig":
         """The env's rules for its config (the trainer checks them before Ray starts): raises ValueError."""

@@ -319,7 +319,7 @@ up() {
   [[ "${level}" == a || "${level}" == b ]] || die "--level must be a or b, not '${level}'"
   [[ "$(id -u)" == 0 ]] || die "needs root: it creates the node bridge ${BRIDGE}${level/b/ and runs a kubelet}"
   command -v openssl >/dev/null || die "openssl is required"
-  t=${SECONDS}; "${ROOT}/hack/tools.sh" all; "${ROOT}/hack/tools.sh" cluster; log "tools ready in $((SECONDS - t))s"
+  t=${SECONDS}; "${ROOT}/hack/tools.sh" all cluster; log "tools ready in $((SECONDS - t))s"
   mkdir -p "${CLUSTER_DIR}" "${LOGS}" "${PIDS}"
   t=${SECONDS}; bridge_up; pki; control_plane; log "control plane ready in $((SECONDS - t))s"
   t=${SECONDS}; kuberay; kwok_up; log "KubeRay operator + kwok ready in $((SECONDS - t))s"

@@ -454,7 +454,11 @@ kind_load() {
 lock() {
   mkdir -p "${CACHE}"
   exec 9>"${CACHE}/images.lock"
-  flock -w 3600 9 || die "another hack/images.sh build holds ${CACHE}/images.lock"
+  if ! flock -n 9; then
+    log "waiting for another hack/images.sh build (\`make test\` builds in the background: ${CACHE}/logs/background.log)"
+    "${ROOT}/hack/background.sh" boost
+    flock -w 3600 9 || die "another hack/images.sh build holds ${CACHE}/images.lock"
+  fi
 }
 
 # ---------------------------------------------------------------------------------------------------- main

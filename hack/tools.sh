@@ -13,8 +13,13 @@
 #                  the pause image, the KubeRay operator binary, and prometheus-k8s (upstream Prometheus + promtool
 #                  with kubernetes_sd, to scrape the chart's PodMonitors)
 #   env            print NAME=path lines for the tools (used by mk/k8s.mk, hack/*.sh and tests/chart)
+# Several targets may be given (`all cluster`); Go's caches are pruned once, after the last.
 # Idempotent: every item is built into a temporary folder and renamed into place when complete, and an item
 # whose final folder exists is not rebuilt, so a warm run only checks a handful of paths.
+# Concurrent runs (`make test`'s background build, hack/background.sh, and a test's `hack/cluster.sh up`, or two
+# shells) wait for each other: one
+# lock per phase (`all`: the chart tools; `cluster`: the cluster tier's binaries), so the chart tools are usable while
+# the cluster binaries still build, and Go's caches are pruned only when no other run is using them.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -32,7 +37,6 @@ KUBECONFORM_VERSION="$(ver KUBECONFORM_VERSION)"
 HELM_UNITTEST_VERSION="$(ver HELM_UNITTEST_VERSION)"
 KIND_VERSION="$(ver KIND_VERSION)"
 KUBERAY_VERSION="$(ver KUBERAY_VERSION)"
-KUBERAY_CRD_FALLBACK_VERSION="$(sed -n 's/^KUBERAY_CRD_FALLBACK_VERSION[[:space:]]*:=[[:space:]]*\([^[:space:]]*\).*/\1/p' "${VERSIONS}")"
 PROMETHEUS_OPERATOR_VERSION="$(ver PROMETHEUS_OPERATOR_VERSION)"
 KUBERNETES_VALIDATE_VERSION="$(ver KUBERNETES_VALIDATE_VERSION)"
 KUBE_VERSION="$(ver KUBE_VERSION)"
@@ -44,6 +48,7 @@ COREDNS_VERSION="$(ver COREDNS_VERSION)"
 PROMETHEUS_K8S_VERSION="$(ver PROMETHEUS_K8S_VERSION)"
 
 CACHE="${RLP_CACHE:-${HOME}/.cache/rl-platform}/tools"
+LOG_DIR="${RLP_CACHE:-${HOME}/.cache/rl-platform}/logs"  # hack/background.sh's
 HELM_DIR="${CACHE}/helm-${HELM_VERSION}"
 KUBECONFORM_DIR="${CACHE}/kubeconform-${KUBECONFORM_VERSION}"
 HELM_UNITTEST_DIR="${CACHE}/helm-unittest-${HELM_UNITTEST_VERSION}-helm-${HELM_VERSION}"
@@ -56,16 +61,8 @@ KWOK_DIR="${CACHE}/kwok-${KWOK_VERSION}"
 COREDNS_DIR="${CACHE}/coredns-${COREDNS_VERSION}"
 PAUSE_DIR="${CACHE}/pause-${KUBERNETES_VERSION}"
 PROMETHEUS_K8S_DIR="${CACHE}/prometheus-k8s-${PROMETHEUS_K8S_VERSION}"
-# The KubeRay CRDs/operator come from the ray-operator module of KUBERAY_VERSION, or (only while that version's zip
-# is not served) of KUBERAY_CRD_FALLBACK_VERSION; the folder name says which one was used.
-kuberay_dir() { printf '%s/kuberay-%s' "${CACHE}" "$1"; }
-if [[ -d "$(kuberay_dir "${KUBERAY_VERSION}")/schemas" || -z "${KUBERAY_CRD_FALLBACK_VERSION}" ]]; then
-  KUBERAY_DIR="$(kuberay_dir "${KUBERAY_VERSION}")"
-elif [[ -d "$(kuberay_dir "${KUBERAY_CRD_FALLBACK_VERSION}")/schemas" ]]; then
-  KUBERAY_DIR="$(kuberay_dir "${KUBERAY_CRD_FALLBACK_VERSION}")"
-else
-  KUBERAY_DIR=""  # decided by fetch_kuberay
-fi
+# The KubeRay CRDs and operator: the ray-operator module of KUBERAY_VERSION.
+KUBERAY_DIR="${CACHE}/kuberay-${KUBERAY_VERSION}"
 PROMOP_DIR="${CACHE}/prometheus-operator-${PROMETHEUS_OPERATOR_VERSION}"
 K8S_SCHEMA_DIR="${CACHE}/kubernetes-validate-${KUBERNETES_VALIDATE_VERSION}"
 # Our own small checker (hack/pod-security-check) over the upstream policy code: keyed by its source too.
@@ -214,26 +211,17 @@ convert_crds() {
 }
 
 fetch_kuberay() {
-  [[ -n "${KUBERAY_DIR}" && -d "${KUBERAY_DIR}/schemas" && -d "${KUBERAY_DIR}/crds" ]] && return 0
+  [[ -d "${KUBERAY_DIR}/schemas" && -d "${KUBERAY_DIR}/crds" ]] && return 0
   need go "Go toolchain"; build_kubeconform
-  local v src="" t
-  for v in "${KUBERAY_VERSION}" ${KUBERAY_CRD_FALLBACK_VERSION}; do
-    log "fetching KubeRay v${v} CRDs from github.com/ray-project/kuberay/ray-operator"
-    if src="$(moddir "github.com/ray-project/kuberay/ray-operator@v${v}" 2>/dev/null)" && [[ -n "${src}" ]]; then
-      break
-    fi
-    src=""
-    log "WARNING: github.com/ray-project/kuberay/ray-operator@v${v} is not downloadable from $(go env GOPROXY)"
-  done
-  [[ -n "${src}" ]] || { echo "tools.sh: no KubeRay CRDs could be downloaded (tried ${KUBERAY_VERSION} ${KUBERAY_CRD_FALLBACK_VERSION})" >&2; exit 2; }
-  [[ "${v}" == "${KUBERAY_VERSION}" ]] || log "WARNING: validating against KubeRay v${v} CRDs instead of v${KUBERAY_VERSION} (KUBERAY_CRD_FALLBACK_VERSION in mk/versions.mk)"
-  KUBERAY_DIR="$(kuberay_dir "${v}")"
-  [[ -d "${KUBERAY_DIR}/schemas" ]] && return 0
+  log "fetching KubeRay v${KUBERAY_VERSION} CRDs from github.com/ray-project/kuberay/ray-operator"
+  local src t
+  src="$(moddir "github.com/ray-project/kuberay/ray-operator@v${KUBERAY_VERSION}")" && [[ -n "${src}" ]] ||
+    { echo "tools.sh: github.com/ray-project/kuberay/ray-operator@v${KUBERAY_VERSION} could not be downloaded from $(go env GOPROXY)" >&2; exit 2; }
   stage "${KUBERAY_DIR}"; t="${T}"
   mkdir -p "${t}/crds" "${t}/schemas"
   cp "${src}"/config/crd/bases/ray.io_*.yaml "${t}/crds/"
   chmod -R u+w "${t}/crds"
-  echo "${v}" > "${t}/VERSION"
+  echo "${KUBERAY_VERSION}" > "${t}/VERSION"
   (cd "${t}/schemas" && convert_crds "${t}"/crds/*.yaml)
   publish "${t}" "${KUBERAY_DIR}"
 }
@@ -243,7 +231,7 @@ fetch_kuberay() {
 build_kuberay_operator() {
   fetch_kuberay
   [[ -x "${KUBERAY_DIR}/bin/ray-operator" ]] && return 0
-  local v; v="$(cat "${KUBERAY_DIR}/VERSION")"
+  local v="${KUBERAY_VERSION}"
   log "building ray-operator v${v} (the KubeRay operator binary, for running it outside a cluster)"
   rm -rf "${KUBERAY_DIR}/bin.tmp"
   GOBIN="${KUBERAY_DIR}/bin.tmp" CGO_ENABLED=0 go install -trimpath -ldflags "-s -w" \
@@ -459,7 +447,6 @@ cluster_tools() { # everything hack/cluster.sh needs, the independent builds two
 }
 
 print_env() {
-  [[ -n "${KUBERAY_DIR}" ]] || KUBERAY_DIR="$(kuberay_dir "${KUBERAY_VERSION}")"
   cat <<EOF
 HELM=${HELM_DIR}/bin/helm
 KUBECONFORM=${KUBECONFORM_DIR}/bin/kubeconform
@@ -492,8 +479,32 @@ EOF
 
 timed() { local s=$SECONDS; "$@"; log "$1 done in $((SECONDS - s))s"; }
 
+# Locks (flock(1), util-linux): ${CACHE}/.lock-<phase> serialises builders of one phase; every builder holds
+# ${CACHE}/.lock-go shared for its whole run, and the prune needs it exclusive (taken without waiting: a run that
+# cannot take it leaves the caches to the run still using them, which prunes when it ends).
+GO_LOCK_FD=""
+hold_go_lock() {
+  [[ -n "${GO_LOCK_FD}" ]] && return 0
+  mkdir -p "${CACHE}"; exec {GO_LOCK_FD}>"${CACHE}/.lock-go"; flock -s "${GO_LOCK_FD}"
+}
+with_lock() { # with_lock PHASE CMD...: run CMD holding the phase's lock, saying so when another run holds it
+  local fd rc=0
+  mkdir -p "${CACHE}"; exec {fd}>"${CACHE}/.lock-$1"
+  if ! flock -n "${fd}"; then
+    log "waiting for another hack/tools.sh run building the '$1' tools (\`make test\`: ${LOG_DIR}/background.log)"
+    "${ROOT}/hack/background.sh" boost
+    flock "${fd}"
+  fi
+  shift; "$@" || rc=$?
+  exec {fd}>&-
+  return "${rc}"
+}
+
 prune_go_caches() {
   [[ "${RLP_KEEP_GO_CACHE:-0}" != 1 && -d "${GO_CACHE_ROOT}" ]] || return 0
+  if [[ -n "${GO_LOCK_FD}" ]] && ! flock -n -x "${GO_LOCK_FD}"; then
+    log "another hack/tools.sh run is using Go's caches: it prunes them when it ends"; return 0
+  fi
   local size; size="$(du -sh "${GO_CACHE_ROOT}" 2>/dev/null | cut -f1)"
   go clean -cache -modcache 2>/dev/null || true
   chmod -R u+w "${GO_CACHE_ROOT}" 2>/dev/null || true
@@ -501,33 +512,45 @@ prune_go_caches() {
   log "removed Go's caches of these builds (${size}; RLP_KEEP_GO_CACHE=1 keeps them)"
 }
 
-main() {
-  case "${1:-all}" in
-    all)
-      timed build_kubeconform; timed fetch_k8s_schemas; timed fetch_kuberay; timed fetch_prometheus_operator
-      timed build_helm; timed build_helm_unittest; timed build_pod_security_check; timed fetch_promtool
-      timed fetch_prometheus; prune_go_caches ;;
-    helm) build_helm ;;
-    kubeconform) build_kubeconform ;;
-    helm-unittest) build_helm_unittest ;;
-    kind) build_kind ;;
-    k8s-schemas) fetch_k8s_schemas ;;
-    kuberay) fetch_kuberay ;;
-    kuberay-operator-binary) build_kuberay_operator ;;
-    prometheus-operator) fetch_prometheus_operator ;;
-    promtool) fetch_promtool ;;
-    prometheus) fetch_prometheus ;;
-    pod-security-check) build_pod_security_check ;;
-    kubernetes) build_kubernetes ;;
-    etcd) build_etcd ;;
-    kwok) build_kwok ;;
-    coredns) build_coredns ;;
-    pause) build_pause ;;
-    prometheus-k8s) build_prometheus_k8s ;;
-    cluster) timed cluster_tools; prune_go_caches ;;
-    env) print_env ;;
-    *) echo "usage: $0 [all|helm|kubeconform|helm-unittest|kind|k8s-schemas|kuberay|kuberay-operator-binary|prometheus-operator|promtool|prometheus|pod-security-check|kubernetes|etcd|kwok|coredns|pause|cluster|prometheus-k8s|env]" >&2; exit 2 ;;
+all_tools() {
+  timed build_kubeconform; timed fetch_k8s_schemas; timed fetch_kuberay; timed fetch_prometheus_operator
+  timed build_helm; timed build_helm_unittest; timed build_pod_security_check; timed fetch_promtool
+  timed fetch_prometheus
+}
+
+run_target() {
+  case "$1" in
+    all) with_lock all all_tools ;;
+    helm) with_lock all build_helm ;;
+    kubeconform) with_lock all build_kubeconform ;;
+    helm-unittest) with_lock all build_helm_unittest ;;
+    kind) with_lock all build_kind ;;
+    k8s-schemas) with_lock all fetch_k8s_schemas ;;
+    kuberay) with_lock all fetch_kuberay ;;
+    kuberay-operator-binary) with_lock cluster build_kuberay_operator ;;
+    prometheus-operator) with_lock all fetch_prometheus_operator ;;
+    promtool) with_lock all fetch_promtool ;;
+    prometheus) with_lock all fetch_prometheus ;;
+    pod-security-check) with_lock all build_pod_security_check ;;
+    kubernetes) with_lock cluster build_kubernetes ;;
+    etcd) with_lock cluster build_etcd ;;
+    kwok) with_lock cluster build_kwok ;;
+    coredns) with_lock cluster build_coredns ;;
+    pause) with_lock cluster build_pause ;;
+    prometheus-k8s) with_lock cluster build_prometheus_k8s ;;
+    cluster) with_lock cluster timed cluster_tools ;;
+    *) echo "usage: $0 [all|helm|kubeconform|helm-unittest|kind|k8s-schemas|kuberay|kuberay-operator-binary|prometheus-operator|promtool|prometheus|pod-security-check|kubernetes|etcd|kwok|coredns|pause|cluster|prometheus-k8s]... | env" >&2; exit 2 ;;
   esac
+}
+
+main() {
+  (($#)) || set -- all
+  [[ "$1" == env ]] && { print_env; return 0; }
+  local t
+  for t in "$@"; do [[ "${t}" == env ]] && run_target usage; done
+  hold_go_lock
+  for t in "$@"; do run_target "${t}"; done
+  prune_go_caches
 }
 
 # One line, parsed whole before it runs: editing this file while it runs cannot change what it does.

@@ -6,16 +6,16 @@ LEVEL ?= b
 
 .PHONY: cluster-up cluster-down cluster-status cluster-tools test-k8s bench-k8s-scale
 
-# `make test` builds the cluster tier's binaries before pytest starts where that tier can run (root, Go): a cold build
-# takes longer than pytest's per-test timeout would allow inside a fixture. Elsewhere tests/k8s skips with its reason.
+# The cluster tier runs where it can (root, Go): `make test` then builds its binaries in the background
+# (TEST_BACKGROUND, mk/k8s.mk) and tests/k8s, which runs last, waits for them. Elsewhere tests/k8s skips with its reason.
 ifeq ($(shell id -u),0)
 ifneq ($(shell command -v go),)
-TEST_PREREQS += cluster-tools
+CLUSTER_TIER := 1
 endif
 endif
 
-cluster-tools: venv ## Build the cluster tier's binaries (etcd, Kubernetes, kwok, CoreDNS, KubeRay operator; cold ~25 min)
-	@hack/tools.sh all && hack/tools.sh cluster
+cluster-tools: venv ## Build the cluster tier's binaries (etcd, Kubernetes, kwok, CoreDNS, KubeRay operator; cold ~20 min)
+	@hack/tools.sh all cluster
 
 cluster-up: venv ## Start the local cluster (LEVEL=a|b, default b) and print the `export KUBECONFIG=... PATH=...` line
 	@hack/cluster.sh up --level $(LEVEL)

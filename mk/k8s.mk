@@ -14,10 +14,22 @@ KIND_CLUSTER ?= rl-platform
 K8S_NAMESPACE ?= rl-platform
 MONITORING ?= 0
 
-# The chart tests need the tools built first (a no-op when they are cached).
-TEST_PREREQS += tools
+# `make test` starts building what the later suites need in the background (hack/background.sh: one step after
+# another, lowest CPU/IO priority) and goes straight on to pytest, whose Python-only suites run first (tests/conftest.py
+# SUITE_ORDER). Each suite that needs a product asks its script for it (hack/tools.sh X, hack/images.sh build X),
+# which waits for the background step on that script's lock and raises its priority, or builds it when that step failed.
+# In this order: the chart tools (quick), the images (the containers suite), the cluster tier's binaries (last suites;
+# only where that tier runs: CLUSTER_TIER from mk/cluster.mk).
+TEST_BACKGROUND = "hack/tools.sh all" "$(IMAGES_SH) build cpu $(if $(filter 0,$(RLP_TEST_GPU_IMAGE)),,gpu)" \
+  $(if $(CLUSTER_TIER),"hack/tools.sh cluster")
+TEST_PREREQS += test-background
 
-.PHONY: tools kind-tool kuberay-operator-binary manifests test-chart lint-chart deploy-cluster undeploy
+.PHONY: tools test-background kind-tool kuberay-operator-binary manifests test-chart lint-chart deploy-cluster undeploy
+
+test-background: venv ## Start building what `make test` needs in the background (log: $(RLP_CACHE)/logs/background.log)
+	@# The Docker engine first, in the foreground: started by the nice'd build, it (and every container) would stay nice.
+	@$(IMAGES_SH) dockerd || echo "[background] no Docker engine: the containers suite says why"
+	@hack/background.sh start $(TEST_BACKGROUND)
 
 tools: ## Build helm, kubeconform, helm-unittest + fetch K8s/KubeRay/prometheus-operator schemas (cached by version)
 	@hack/tools.sh all

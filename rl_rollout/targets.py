@@ -137,7 +137,7 @@ class RayService:
     """spec.serveConfigV2 of a KubeRay RayService, through the `kubernetes` client (kubeconfig as rl-submit)."""
 
     def __init__(self, name: str, namespace: str | None, kubeconfig: str | None, context: str | None):
-        from trainer.submit import Problem, connect
+        from rl_submit.cli import Problem, connect
 
         try:
             self.kube = connect(kubeconfig, context, namespace)
@@ -147,7 +147,7 @@ class RayService:
         self.kind = f"rayservice {self.kube.namespace}/{name}"
 
     def _call(self, doing: str, fn, *args, **kw):
-        from trainer.submit import NotFound, Problem, call
+        from rl_submit.cli import NotFound, Problem, call
 
         try:
             return call(self.kube, doing, fn, *args, **kw)
@@ -157,7 +157,7 @@ class RayService:
             raise RolloutError(str(p)) from None
 
     def get(self) -> dict[str, Any]:
-        from trainer.submit import RAY
+        from rl_submit.cli import RAY
 
         return self._call("get rayservices.ray.io", self.kube.custom.get_namespaced_custom_object, *RAY,
                           self.kube.namespace, "rayservices", self.name)
@@ -175,7 +175,7 @@ class RayService:
         """A merge patch; None when the resourceVersion precondition lost to another writer."""
         from kubernetes.client.rest import ApiException
 
-        from trainer.submit import CONNECT_S, READ_S, RAY
+        from rl_submit.cli import CONNECT_S, READ_S, RAY
 
         try:
             return self.kube.custom.patch_namespaced_custom_object(
@@ -183,10 +183,10 @@ class RayService:
         except ApiException as e:
             if e.status == 409:
                 return None
-            from trainer.submit import explain
+            from rl_submit.cli import explain
             raise RolloutError(str(explain(e, self.kube, "patch rayservices.ray.io"))) from None
         except Exception as e:
-            from trainer.submit import explain
+            from rl_submit.cli import explain
             raise RolloutError(str(explain(e, self.kube, "patch rayservices.ray.io"))) from None
 
     def update(self, fn: Update) -> dict[str, Any]:

@@ -7,6 +7,20 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
+# Suites in the order `make test` runs them: the Python-only ones first while `make test` builds the chart tools and
+# the cluster tier's binaries in the background (mk/k8s.mk TEST_TOOLS), then those that use them, the cluster tier
+# last. Within a suite, files keep their names' order (tests/k8s relies on none: each test brings its preconditions).
+SUITE_ORDER = ("unit", "trainer", "serving", "security", "containers", "chart", "monitoring", "k8s")
+
+
+def pytest_collection_modifyitems(items):
+    def rank(item) -> int:
+        parts = Path(str(item.fspath)).relative_to(Path(__file__).resolve().parent).parts
+        return SUITE_ORDER.index(parts[0]) if len(parts) > 1 and parts[0] in SUITE_ORDER else len(SUITE_ORDER)
+
+    items.sort(key=rank)  # stable: the order within a suite is kept
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _no_stray_ray_address():
     # Tests start their own Ray (embedded or ray.cluster_utils.Cluster); never a cluster found via RAY_ADDRESS.

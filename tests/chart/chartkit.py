@@ -7,10 +7,8 @@ The tools are built by `make tools` into a cache outside the repo. When one is m
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
-import shlex
 import shutil
 import subprocess
 from pathlib import Path
@@ -43,7 +41,21 @@ def versions() -> dict[str, str]:
     return out
 
 
-def tool_env() -> dict[str, str]:
+_BUILT: set[str] = set()
+
+
+def tool_env(*need: str) -> dict[str, str]:
+    """NAME=path of the tools (`hack/tools.sh env`), once `need` (hack/tools.sh targets; default `all`, the chart
+    tools) is built. `make test` builds them in the background while other suites run: hack/tools.sh waits for that
+    build (or builds what is missing) and returns at once when the cache holds them. A build that fails leaves its
+    tool missing, which the caller reports by name (`missing`); its output is printed with the test's."""
+    todo = [t for t in (need or ("all",)) if t not in _BUILT]
+    if todo:
+        build = subprocess.run([str(ROOT / "hack" / "tools.sh"), *todo], capture_output=True, text=True)
+        if build.returncode == 0:
+            _BUILT.update(todo)
+        else:
+            print(f"hack/tools.sh {' '.join(todo)} failed (exit {build.returncode}):\n{build.stderr[-3000:]}")
     out = subprocess.run([str(ROOT / "hack" / "tools.sh"), "env"], check=True, capture_output=True, text=True).stdout
     return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
 
@@ -159,81 +171,3 @@ def pod_templates_with_metadata(doc: dict) -> list[tuple[str, dict, dict]]:
 def pod_templates(doc: dict) -> list[tuple[str, dict]]:
     """(where, pod template spec) of every pod a KubeRay object makes, incl. the RayJob submitter."""
     return [(w, s) for w, _, s in pod_templates_with_metadata(doc)]
-
-
-# -- what the Ray nodes of a rendering advertise ---------------------------------------------------------------------
-_UNITS = {"": 1, "m": 1e-3, "k": 1e3, "Ki": 2**10, "M": 1e6, "Mi": 2**20, "G": 1e9, "Gi": 2**30, "T": 1e12,
-          "Ti": 2**40}
-
-
-def quantity(q) -> float:
-    """A Kubernetes quantity ("500m", "4Gi", 2) as a number."""
-    if isinstance(q, (int, float)):
-        return float(q)
-    m = re.fullmatch(r"([0-9]+(?:\.[0-9]+)?)(m|k|Ki|M|Mi|G|Gi|T|Ti)?", str(q))
-    assert m, f"not a quantity: {q!r}"
-    return float(m.group(1)) * _UNITS[m.group(2) or ""]
-
-
-def cluster_specs(doc: dict) -> list[tuple[str, dict]]:
-    """(where, RayCluster spec) of a RayCluster, a RayJob with its own cluster, or a RayService."""
-    kind, spec = doc.get("kind"), doc.get("spec", {})
-    if kind == "RayCluster":
-        return [("RayCluster/spec", spec)]
-    if kind == "RayJob" and "rayClusterSpec" in spec:
-        return [("RayJob/spec.rayClusterSpec", spec["rayClusterSpec"])]
-    if kind == "RayService":
-        return [("RayService/spec.rayClusterConfig", spec["rayClusterConfig"])]
-    return []
-
-
-def ray_groups(cluster_spec: dict) -> list[tuple[str, dict, dict, int]]:
-    """(group, rayStartParams, pod spec, replicas) of the head ("head", 1 replica) and every worker group; the Ray
-    container is the pod's first."""
-    head = cluster_spec["headGroupSpec"]
-    out = [("head", head.get("rayStartParams", {}), head["template"]["spec"], 1)]
-    for g in cluster_spec.get("workerGroupSpecs", []):
-        out.append((g["groupName"], g.get("rayStartParams", {}), g["template"]["spec"], int(g.get("replicas", 0))))
-    return out
-
-
-def ray_node_resources(params: dict, container: dict) -> tuple[dict[str, float], list[str]]:
-    """The Ray resources a node of this group advertises, and what KubeRay 1.6 complains about on the way.
-
-    Follows KubeRay's generateRayStartCommand (ray-operator/controllers/ray/common/pod.go): num-cpus from the CPU
-    limit (else request) and memory from the memory limit unless set; `--num-gpus` from the nvidia.com/gpu limit only
-    when KubeRay can JSON-parse `resources` after trimming the quotes around it ("failed to add accelerator
-    resources" otherwise); then `ray start --key=value ...` through the shell.
-    """
-    params = {k: str(v) for k, v in params.items()}
-    res = container.get("resources", {})
-    limits, requests = res.get("limits", {}), res.get("requests", {})
-    errors = []
-    if "num-cpus" not in params and (limits.get("cpu") or requests.get("cpu")):
-        params["num-cpus"] = str(math.ceil(quantity(limits.get("cpu") or requests["cpu"])))
-    if "memory" not in params and limits.get("memory"):
-        params["memory"] = str(math.ceil(quantity(limits["memory"])))
-    if limits:
-        try:
-            json.loads(params.get("resources", "{}").strip("'\"` "))
-        except ValueError as e:
-            errors.append(f"failed to add accelerator resources: {e}")
-        else:
-            if "num-gpus" not in params and quantity(limits.get("nvidia.com/gpu", 0)) > 0:
-                params["num-gpus"] = str(math.ceil(quantity(limits["nvidia.com/gpu"])))
-    flags = []
-    for k in sorted(params):  # convertParamMap: "true"/"false" are switches
-        v = params[k]
-        if v.lower() in ("true", "false") and k not in ("log-color", "include-dashboard"):
-            flags += [f"--{k}"] if v.lower() == "true" else []
-        else:
-            flags.append(f"--{k}={v}")
-    argv = dict(a[2:].split("=", 1) if "=" in a else (a[2:], "true") for a in shlex.split(" ".join(flags)))
-    out = {"CPU": float(argv.get("num-cpus", 0)), "GPU": float(argv.get("num-gpus", 0))}
-    if "memory" in argv:
-        out["memory"] = float(argv["memory"])
-    if "object-store-memory" in argv:
-        out["object_store_memory"] = float(argv["object-store-memory"])
-    if "resources" in argv:
-        out.update(json.loads(argv["resources"]))
-    return out, errors

@@ -1,11 +1,8 @@
 """Every training job of k8s/values fits the Ray cluster it runs on, as Ray would place it.
 
-The request comes from the trainer itself: the job's entrypoint overrides are composed with Hydra and turned into the
-RLlib config by trainer.algo.build_algo_config; RLlib's own resource request (Algorithm.default_resource_request)
-lists one bundle per env runner ({CPU, rollout_pool}), one per learner ({CPU, GPU, learner_pool}) and, first, the
-trial driver's ({CPU}: RLlib's main process). A plain run (tune=none) is driven by the job's entrypoint process on the
-head, outside Ray's accounting, so it drops that first bundle; a Tune run (tune=asha, ...) needs it for every trial.
-The supply is what each node of the rendered cluster advertises once KubeRay has started Ray on it (chartkit).
+The request comes from the trainer itself: the job's entrypoint overrides are composed with Hydra, and rl_submit.shape
+places RLlib's own resource request for that config (driver, env runners, learners; a plain run drops the driver's)
+on the nodes the rendered RayCluster may have, with the same code rl-submit uses to refuse a job that never fits.
 """
 
 from __future__ import annotations
@@ -13,7 +10,8 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from chartkit import K8S_VALUES, ROOT, cluster_specs, ray_groups, ray_node_resources
+from chartkit import K8S_VALUES, ROOT
+from rl_submit.shape import cluster_specs, groups, job_request, misfit, nodes, place
 
 pytestmark = pytest.mark.chart
 
@@ -33,17 +31,9 @@ def _job_and_cluster(tools, values):
     return job, cluster
 
 
-def _nodes(cluster):
-    """One dict of Ray resources per node the cluster starts with (autoscaling: as many as it may grow to)."""
-    out = []
-    for name, params, pod, replicas in ray_groups(cluster):
-        if name != "head" and cluster.get("enableInTreeAutoscaling"):
-            g = next(g for g in cluster["workerGroupSpecs"] if g["groupName"] == name)
-            replicas = int(g["maxReplicas"])
-        res, errors = ray_node_resources(params, pod["containers"][0])
-        assert errors == [], f"{name}: {errors}"
-        res = {k: v for k, v in res.items() if k not in ("memory", "object_store_memory")}
-        out += [(f"{name}#{i}", dict(res)) for i in range(replicas)]
+def _groups(cluster):
+    out = groups(cluster)
+    assert all(g.errors == [] for g in out), [(g.name, g.errors) for g in out]
     return out
 
 
@@ -60,40 +50,16 @@ def _job_cfg(entrypoint: str, tune: str = "none"):
         return compose(config_name="config", overrides=[*argv[3:], f"tune={tune}"])
 
 
-def _bundles(entrypoint: str, tune: str) -> list[dict[str, float]]:
-    from trainer.algo import build_algo_config
-
-    cfg = _job_cfg(entrypoint, tune)
-    assert cfg.resources.rollout_resource == "rollout_pool" and cfg.resources.learner_resource == "learner_pool"
-    config = build_algo_config(cfg)
-    bundles = [dict(b) for b in config.algo_class.default_resource_request(config).bundles]
-    return bundles if tune != "none" else bundles[1:]
-
-
-def _place(bundles, nodes):
-    """First fit, biggest bundles first (RLlib's PACK strategy is best effort): the bundles that found no node."""
-    free = [dict(res) for _, res in nodes]
-    left = []
-    for b in sorted(bundles, key=lambda b: (-len(b), -sum(b.values()))):
-        for res in free:
-            if all(res.get(k, 0) >= v for k, v in b.items()):
-                for k, v in b.items():
-                    res[k] -= v
-                break
-        else:
-            left.append(b)
-    return left
-
-
 @pytest.mark.parametrize("values, tune", CASES, ids=[f"{p.name}-tune={t}" for p, t in CASES])
 def test_training_job_fits_its_ray_cluster(tools, values, tune):
     job, cluster = _job_and_cluster(tools, values)
-    bundles = _bundles(job["spec"]["entrypoint"], tune)
+    cfg = _job_cfg(job["spec"]["entrypoint"], tune)
+    assert cfg.resources.rollout_resource == "rollout_pool" and cfg.resources.learner_resource == "learner_pool"
+    request = job_request(cfg)
+    bundles = [b for _, b in request]
     assert any("rollout_pool" in b for b in bundles) and any("learner_pool" in b for b in bundles), bundles
-    nodes = _nodes(cluster)
-    left = _place(bundles, nodes)
-    assert left == [], (f"{values.name} with tune={tune}: no room for {left} of {bundles} on "
-                        f"{[(n, r) for n, r in nodes]}")
+    assert (request[0][0] == "the Tune trial driver") == (tune != "none"), request
+    assert misfit(request, _groups(cluster)) is None
 
 
 @pytest.mark.parametrize("values", JOB_VALUES, ids=[p.name for p in JOB_VALUES])
@@ -101,7 +67,7 @@ def test_learner_group_gpus_are_num_learners_times_gpus_per_learner(tools, value
     """Data-parallel learners: the learner pool holds exactly the GPUs the job's learners take, no idle GPU pod."""
     job, cluster = _job_and_cluster(tools, values)
     res = _job_cfg(job["spec"]["entrypoint"]).resources
-    learner_nodes = [r for _, r in _nodes(cluster) if r.get("learner_pool")]
+    learner_nodes = [r for _, r in nodes(_groups(cluster)) if r.get("learner_pool")]
     gpus = sum(r.get("GPU", 0) for r in learner_nodes)
     assert gpus == max(res.num_learners, 1) * res.num_gpus_per_learner, (values.name, learner_nodes)
     if res.num_gpus_per_learner:
@@ -113,7 +79,7 @@ def test_ddp_job_spreads_its_learners_over_gpu_pods(tools):
     job, cluster = _job_and_cluster(tools, K8S_VALUES / "pong-ddp.yaml")
     res = _job_cfg(job["spec"]["entrypoint"]).resources
     assert res.num_learners == 2 and res.num_gpus_per_learner == 1
-    learner_nodes = [n for n, r in _nodes(cluster) if r.get("learner_pool")]
+    learner_nodes = [n for n, r in nodes(_groups(cluster)) if r.get("learner_pool")]
     assert learner_nodes == ["learner-gpu#0", "learner-gpu#1"]
 
 
@@ -128,9 +94,9 @@ def test_the_fit_check_bites():
     """No spare CPU for a Tune trial's driver (the head advertising 0 CPUs) is caught."""
     env_runner = {"CPU": 1.0, "rollout_pool": 1.0}
     learner = {"CPU": 1.0, "learner_pool": 1.0}
-    nodes = [("head#0", {"CPU": 0.0}), ("rollout#0", {"CPU": 2.0, "rollout_pool": 2.0}),
-             ("learner#0", {"CPU": 1.0, "learner_pool": 1.0})]
-    assert _place([env_runner, env_runner, learner], nodes) == []
-    assert _place([{"CPU": 1.0}, env_runner, env_runner, learner], nodes) == [{"CPU": 1.0}]
-    assert _place([{"CPU": 1.0, "GPU": 1.0, "learner_pool": 1.0}], nodes) == [{"CPU": 1.0, "GPU": 1.0,
-                                                                               "learner_pool": 1.0}]
+    free = [("head#0", {"CPU": 0.0}), ("rollout#0", {"CPU": 2.0, "rollout_pool": 2.0}),
+            ("learner#0", {"CPU": 1.0, "learner_pool": 1.0})]
+    assert place([env_runner, env_runner, learner], free) == []
+    assert place([{"CPU": 1.0}, env_runner, env_runner, learner], free) == [{"CPU": 1.0}]
+    assert place([{"CPU": 1.0, "GPU": 1.0, "learner_pool": 1.0}], free) == [{"CPU": 1.0, "GPU": 1.0,
+                                                                              "learner_pool": 1.0}]

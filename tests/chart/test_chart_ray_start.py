@@ -7,7 +7,8 @@ import json
 import pytest
 import yaml
 
-from chartkit import CI_VALUES, K8S_VALUES, ROOT, k8s_values_stack, cluster_specs, quantity, ray_groups, ray_node_resources
+from chartkit import CI_VALUES, K8S_VALUES, ROOT, k8s_values_stack
+from rl_submit.shape import cluster_specs, quantity, ray_groups, ray_node_resources
 
 pytestmark = pytest.mark.chart
 

@@ -38,7 +38,7 @@ SCRATCH = "rl-submit-scratch"  # a namespace of our own for the quota cases
 def rl_submit(c: Cluster, *args: str, kubeconfig: str | None = None, timeout: float = 300,
               check: int | None = None) -> subprocess.CompletedProcess:
     """The console script as a user runs it, against this cluster's kubeconfig (or `kubeconfig`)."""
-    cmd = [str(RL_SUBMIT)] if RL_SUBMIT.exists() else [str(ROOT / ".venv" / "bin" / "python"), "-m", "trainer.submit"]
+    cmd = [str(RL_SUBMIT)] if RL_SUBMIT.exists() else [str(ROOT / ".venv" / "bin" / "python"), "-m", "rl_submit"]
     env = {**os.environ, **c.env, "KUBECONFIG": kubeconfig or c.kubeconfig}
     proc = subprocess.run(cmd + list(args), cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
     if check is not None:
@@ -47,7 +47,7 @@ def rl_submit(c: Cluster, *args: str, kubeconfig: str | None = None, timeout: fl
 
 
 def popen(c: Cluster, *args: str) -> subprocess.Popen:
-    cmd = [str(RL_SUBMIT)] if RL_SUBMIT.exists() else [str(ROOT / ".venv" / "bin" / "python"), "-m", "trainer.submit"]
+    cmd = [str(RL_SUBMIT)] if RL_SUBMIT.exists() else [str(ROOT / ".venv" / "bin" / "python"), "-m", "rl_submit"]
     # SIGINT as in a terminal: a runner that starts the suite in the background (`cmd &`) hands its children SIGINT
     # ignored, and Python then installs no KeyboardInterrupt handler (Ctrl-C would do nothing).
     return subprocess.Popen(cmd + list(args), cwd=ROOT, env={**os.environ, **c.env}, stdout=subprocess.PIPE,

@@ -76,7 +76,7 @@ def _intended_targets(c: Cluster) -> set[tuple[str, str]]:
 
 def test_podmonitors_scrape_exactly_the_ray_pods_each_is_meant_for(live_rayservice, tmp_path):
     c, service_cluster = live_rayservice
-    env = tool_env()
+    env = tool_env("all", "prometheus-k8s")
     # The release exactly as `make deploy-cluster` installs it, with its monitors rendered (the local cluster has no
     # prometheus-operator CRDs, so the deploy leaves them off; the flag changes no pod labels or ports).
     rendered = sh(helm_path(), "template", "rl-platform", str(ROOT / "charts" / "rl-platform"), "--namespace", NAMESPACE,

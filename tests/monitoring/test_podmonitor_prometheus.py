@@ -35,11 +35,9 @@ pytestmark = [pytest.mark.monitoring, pytest.mark.chart]  # chart: helm renders 
 
 @pytest.fixture(scope="module")
 def tools() -> Tools:
-    env = tool_env()
-    if not os.path.exists(env.get("PROMETHEUS_K8S", "")):
-        # Not part of `make tools` (the cluster tier builds it): build it on first use, cached by version.
-        subprocess.run([str(ROOT / "hack" / "tools.sh"), "prometheus-k8s"], check=True)
-    return Tools(env)
+    # prometheus-k8s is not part of `make tools`: built on first use (cached by version). Its lock is the cluster
+    # phase's, so under `make test` this also waits for the background build of kube-apiserver and etcd (below).
+    return Tools(tool_env("all", "prometheus-k8s"))
 
 
 @pytest.fixture(scope="module")

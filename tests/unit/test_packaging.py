@@ -25,3 +25,8 @@ def test_wheel_builds_clean_with_every_hydra_yaml(tmp_path):
     (wheel,) = (tmp_path / "dist").glob("rl_platform-*.whl")
     shipped = {n for n in zipfile.ZipFile(wheel).namelist() if n.startswith("hydra_conf/") and n.endswith(".yaml")}
     assert shipped == {str(p.relative_to(REPO)) for p in (REPO / "hydra_conf").rglob("*.yaml")}
+    # rl-submit is its own package beside the trainer, and its console script points there.
+    names = zipfile.ZipFile(wheel).namelist()
+    assert {"rl_submit/cli.py", "rl_submit/shape.py", "rl_submit/__main__.py"} <= set(names)
+    (entry_points,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
+    assert "rl-submit = rl_submit.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()

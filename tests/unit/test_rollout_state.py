@@ -217,7 +217,7 @@ def test_rayservice_patch_touches_only_serveconfigv2_and_retries_a_conflict(monk
 
     fake = FakeCustom(CONFIG)
     kube = type("K", (), {"custom": fake, "namespace": "rl", "server": "https://k", "context": "c"})()
-    monkeypatch.setattr("trainer.submit.connect", lambda *a: kube)
+    monkeypatch.setattr("rl_submit.cli.connect", lambda *a: kube)
     t = targets.RayService("rl", "rl", None, None)
     t.update(lambda cfg: state.with_rollout(cfg, a_state()))
     assert len(fake.patches) == 2

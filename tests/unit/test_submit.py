@@ -19,8 +19,9 @@ import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from trainer import submit
-from trainer.submit import MAX_NAME, Problem, dns1035, job_suffix
+from rl_submit import cli as submit
+from rl_submit import shape
+from rl_submit.cli import MAX_NAME, Problem, dns1035, job_suffix
 from trainer_helpers import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -34,14 +35,27 @@ def _helm() -> str | None:
         return None
 
 
-needs_helm = pytest.mark.skipif(_helm() is None, reason="helm not built (`make tools`)")
+@pytest.fixture(scope="module")
+def built_helm() -> str:
+    """The pinned helm, once hack/tools.sh has built it (`make test` builds it in the background: this waits)."""
+    build = subprocess.run([str(ROOT / "hack" / "tools.sh"), "helm"], capture_output=True, text=True)
+    helm = _helm()
+    if helm is None:
+        msg = f"helm not built (`make tools`): hack/tools.sh helm exited {build.returncode}: {build.stderr[-1500:]}"
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail(msg)
+        pytest.skip(msg)
+    return helm
+
+
+needs_helm = pytest.mark.usefixtures("built_helm")
 
 
 def rl_submit(*args: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
     """The real entry point, as a user runs it, with no kubeconfig anywhere (a dry run must not need one)."""
     base = {k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_")}
     base.update(KUBECONFIG="/nonexistent/kubeconfig", **(env or {}))
-    return subprocess.run([sys.executable, "-m", "trainer.submit", *args], cwd=ROOT, env=base, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "rl_submit", *args], cwd=ROOT, env=base, capture_output=True,
                           text=True, timeout=timeout)
 
 
@@ -149,7 +163,9 @@ def test_use_existing_cluster_selects_the_release_raycluster():
 @needs_helm
 def test_values_and_set_change_the_cluster_shape(tmp_path):
     values = tmp_path / "v.yaml"
-    values.write_text("rayJob: {outputDir: /data/runs, overrides: [resources.num_env_runners=8]}\n"
+    # The values' overrides replace cartpole.yaml's: its CPU learner (num_gpus_per_learner=0) is restated.
+    values.write_text("rayJob: {outputDir: /data/runs, overrides: [resources.num_gpus_per_learner=0, "
+                      "resources.num_env_runners=8]}\n"
                       "workerGroups: {rollout-cpu: {replicas: 4, minReplicas: 1, maxReplicas: 8}}\n")
     job = dry_run("-f", str(ROOT / "k8s" / "values" / "cartpole.yaml"), "-f", str(values),
                   "--set", "workerGroups.rollout-cpu.cpus=3", "--name", "t4")
@@ -195,6 +211,150 @@ def test_bad_submit_input_is_one_line_and_exit_2(args, needle):
     proc = rl_submit("--dry-run", *args)
     assert proc.returncode == 2 and proc.stdout == "", proc.stderr
     assert needle in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+# -- the cluster shape: a job its RayCluster can never hold is refused before the API server --------------------------
+GPU_LEARNER = ("resources.num_gpus_per_learner=1", "resources.num_learners=1")
+
+
+def _refused(proc: subprocess.CompletedProcess) -> str:
+    """The one stderr line of a job refused for its cluster shape (exit 2, nothing on stdout)."""
+    assert (proc.returncode, proc.stdout) == (2, ""), \
+        f"not refused (exit {proc.returncode}): {proc.stderr or proc.stdout[:300]}"
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "can never run on" in lines[0], proc.stderr
+    return lines[0]
+
+
+@needs_helm
+def test_a_gpu_learner_on_the_cpu_only_default_cluster_is_refused_naming_gpu_and_the_closest_group(tmp_path):
+    line = _refused(rl_submit("--dry-run", *GPU_LEARNER))
+    assert line == ("error: this job can never run on its own RayCluster (-f k8s/values/cartpole.yaml): learner 1 "
+                    "needs {CPU: 1, GPU: 1, learner_pool: 1} on one node, and no node of this cluster has GPU 1 "
+                    "(largest group learner-cpu: {CPU: 1, learner_pool: 1} per node)")
+    # Refused before any API call: an unreachable API server would be exit 3, `cannot reach`.
+    kc = _kubeconfig(tmp_path, f"https://127.0.0.1:{free_port()}")
+    assert _refused(rl_submit("--kubeconfig", kc, "--name", "gpu", *GPU_LEARNER)) == line
+
+
+@needs_helm
+def test_a_gpu_learner_fits_the_values_with_a_gpu_learner_group():
+    job = dry_run("-f", str(ROOT / "k8s" / "values" / "pong.yaml"), *GPU_LEARNER)
+    groups = {g["groupName"]: g for g in job["spec"]["rayClusterSpec"]["workerGroupSpecs"]}
+    limits = groups["learner-gpu"]["template"]["spec"]["containers"][0]["resources"]["limits"]
+    assert shape.quantity(limits["nvidia.com/gpu"]) == 1
+    assert shlex.split(job["spec"]["entrypoint"])[-2:] == list(GPU_LEARNER)
+
+
+@needs_helm
+def test_more_env_runners_than_the_rollout_group_holds_are_refused_naming_rollout_pool(tmp_path):
+    # k8s/values/cartpole.yaml: one rollout-cpu node (2 CPUs, rollout_pool 2), no autoscaling.
+    line = _refused(rl_submit("--dry-run", "resources.num_env_runners=3"))
+    assert line.endswith("3 env runners need {CPU: 1, rollout_pool: 1} each; the job needs rollout_pool 3 in all "
+                         "and the cluster has at most rollout_pool 2 (group rollout-cpu: 1 node (replicas, "
+                         "no autoscaling) x {CPU: 2, rollout_pool: 2})"), line
+    # With the autoscaler the group may grow to maxReplicas: 2 nodes hold 4 env runners, not 5.
+    autoscaled = tmp_path / "autoscaled.yaml"
+    autoscaled.write_text("autoscaling: {enabled: true}\n"
+                          "workerGroups: {rollout-cpu: {replicas: 1, minReplicas: 1, maxReplicas: 2}}\n")
+    shape = ("-f", str(ROOT / "k8s" / "values" / "cartpole.yaml"), "-f", str(autoscaled))
+    dry_run(*shape, "resources.num_env_runners=4")
+    line = _refused(rl_submit("--dry-run", *shape, "resources.num_env_runners=5"))
+    assert "rollout_pool 5 in all and the cluster has at most rollout_pool 4 (group rollout-cpu: at most 2 nodes " \
+           "(maxReplicas) x {CPU: 2, rollout_pool: 2})" in line, line
+
+
+@needs_helm
+def test_use_existing_cluster_is_checked_against_the_release_raycluster():
+    kind = str(ROOT / "k8s" / "values" / "kind.yaml")  # the release the local cluster runs: 1 rollout node
+    assert "clusterSelector" in dry_run("-f", kind, "--use-existing-cluster", "tune=asha")["spec"]
+    line = _refused(rl_submit("--dry-run", "-f", kind, "--use-existing-cluster", "resources.num_env_runners=3"))
+    assert line.startswith("error: this job can never run on RayCluster rl-platform (-f k8s/values/kind.yaml): "
+                           "3 env runners need {CPU: 1, rollout_pool: 1} each; the job needs rollout_pool 3 "
+                           "in all"), line
+    line = _refused(rl_submit("--dry-run", "-f", kind, "--use-existing-cluster", *GPU_LEARNER))
+    assert "no node of this cluster has GPU 1 (largest group learner-cpu: {CPU: 1, learner_pool: 1} per node)" in line
+    # Another RayCluster (--cluster-selector): its shape is not the chart's to render, so it is not judged here.
+    assert dry_run("-f", kind, "--cluster-selector", "team-cluster", *GPU_LEARNER)["spec"]["clusterSelector"] == \
+        {"ray.io/cluster": "team-cluster"}
+
+
+def _group(name: str, cpus: int, pool: str | None = None, gpus: int = 0, replicas: int = 1, max_replicas: int = 1):
+    """A worker group as the chart renders one: Ray CPUs from the CPU limit, the pool in rayStartParams."""
+    limits = {"cpu": str(cpus), "memory": "2Gi", **({"nvidia.com/gpu": gpus} if gpus else {})}
+    params = {"resources": f"'{json.dumps({f'{pool}_pool': gpus or cpus})}'"} if pool else {}
+    return {"groupName": name, "replicas": replicas, "minReplicas": 0, "maxReplicas": max_replicas,
+            "rayStartParams": params, "template": {"spec": {"containers": [{"name": "ray-worker",
+                                                                            "resources": {"limits": limits}}]}}}
+
+
+def _cluster(*workers: dict, head_cpus: int = 0, autoscaling: bool = False) -> dict:
+    head = {"rayStartParams": {"num-cpus": str(head_cpus)},
+            "template": {"spec": {"containers": [{"name": "ray-head", "resources": {"limits": {"cpu": "2"}}}]}}}
+    return {"enableInTreeAutoscaling": autoscaling, "headGroupSpec": head, "workerGroupSpecs": list(workers)}
+
+
+RUNNER, LEARNER = {"CPU": 1.0, "rollout_pool": 1.0}, {"CPU": 1.0, "learner_pool": 1.0}
+GPU_BUNDLE = {"CPU": 1.0, "GPU": 1.0, "learner_pool": 1.0}
+
+
+def test_shape_reads_what_each_node_advertises_and_how_many_nodes_a_group_may_have():
+    spec = _cluster(_group("rollout-cpu", 2, "rollout", replicas=1, max_replicas=3),
+                    _group("learner-gpu", 4, "learner", gpus=1), head_cpus=1)
+    fixed = {g.name: (g.resources, g.count, g.bound) for g in shape.groups(spec)}
+    assert fixed == {"head": ({"CPU": 1.0}, 1, "head"),
+                     "rollout-cpu": ({"CPU": 2.0, "rollout_pool": 2.0}, 1, "replicas"),
+                     "learner-gpu": ({"CPU": 4.0, "GPU": 1.0, "learner_pool": 1.0}, 1, "replicas")}
+    spec["enableInTreeAutoscaling"] = True
+    assert [(n, r) for n, r in shape.nodes(shape.groups(spec)) if n.startswith("rollout")] == \
+        [(f"rollout-cpu#{i}", {"CPU": 2.0, "rollout_pool": 2.0}) for i in range(3)]
+
+
+def test_shape_places_biggest_bundles_first():
+    # In request order a driver's {CPU} would take the learner node's only CPU; biggest first leaves it the head's.
+    free = [("learner#0", {"CPU": 1.0, "learner_pool": 1.0}), ("head#0", {"CPU": 1.0})]
+    assert shape.place([{"CPU": 1.0}, LEARNER], free) == []
+    assert shape.place([{"CPU": 1.0}, {"CPU": 1.0}, LEARNER], free) == [{"CPU": 1.0}]
+    assert shape.place([RUNNER] * 3, [("rollout#0", {"CPU": 2.0, "rollout_pool": 2.0})]) == [RUNNER]
+
+
+@pytest.mark.parametrize("request_, want", [
+    ([("env runner 1", RUNNER), ("env runner 2", RUNNER), ("learner 1", LEARNER)], None),
+    ([("the Tune trial driver", {"CPU": 1.0}), ("env runner 1", RUNNER), ("env runner 2", RUNNER),
+      ("learner 1", LEARNER)],
+     "the Tune trial driver needs {CPU: 1}; the job needs CPU 4 in all and the cluster has at most CPU 3 (group "
+     "rollout-cpu: 1 node (replicas, no autoscaling) x {CPU: 2, rollout_pool: 2}; group learner-cpu: 1 node "
+     "(replicas, no autoscaling) x {CPU: 1, learner_pool: 1})"),
+    ([("env runner 1", RUNNER), ("learner 1", GPU_BUNDLE), ("learner 2", GPU_BUNDLE)],
+     "2 learners need {CPU: 1, GPU: 1, learner_pool: 1} each on one node, and no node of this cluster has GPU 1 "
+     "(largest group learner-cpu: {CPU: 1, learner_pool: 1} per node)"),
+    ([(f"env runner {i + 1}", RUNNER) for i in range(3)],
+     "3 env runners need {CPU: 1, rollout_pool: 1} each; the job needs rollout_pool 3 in all and the cluster has "
+     "at most rollout_pool 2 (group rollout-cpu: 1 node (replicas, no autoscaling) x {CPU: 2, rollout_pool: 2})"),
+])
+def test_shape_names_what_cannot_be_placed(request_, want):
+    cluster = shape.groups(_cluster(_group("rollout-cpu", 2, "rollout"), _group("learner-cpu", 1, "learner")))
+    assert shape.misfit(request_, cluster) == want
+
+
+def test_shape_counts_a_group_without_nodes_as_holding_nothing():
+    cluster = shape.groups(_cluster(_group("rollout-cpu", 2, "rollout", replicas=0, max_replicas=4), head_cpus=1))
+    assert shape.misfit([("env runner 1", RUNNER)], cluster) == (
+        "env runner 1 needs {CPU: 1, rollout_pool: 1} on one node, and no node of this cluster has rollout_pool 1 "
+        "(largest group head: {CPU: 1} per node; group rollout-cpu would hold it but has 0 nodes (replicas, "
+        "no autoscaling))")
+    autoscaled = shape.groups(_cluster(_group("rollout-cpu", 2, "rollout", replicas=0, max_replicas=4),
+                                       autoscaling=True))
+    assert shape.misfit([("env runner 1", RUNNER)] * 8, autoscaled) is None
+
+
+def test_shape_asks_rllib_for_the_jobs_bundles():
+    """RLlib's own request for the composed config: a plain run leaves the driver to the entrypoint process."""
+    overrides = ["resources=cluster", "resources.num_env_runners=2", *GPU_LEARNER]
+    plain = shape.job_request(submit.compose_and_validate(overrides))
+    assert plain == [("env runner 1", RUNNER), ("env runner 2", RUNNER), ("learner 1", GPU_BUNDLE)]
+    tune = shape.job_request(submit.compose_and_validate([*overrides, "tune=asha"]))
+    assert tune == [("the Tune trial driver", {"CPU": 1.0}), *plain]
 
 
 @needs_helm

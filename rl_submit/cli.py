@@ -1,16 +1,19 @@
-"""`rl-submit [options] [hydra overrides]` / `python -m trainer.submit`: run a trainer experiment on Kubernetes as a
-KubeRay RayJob, with the same Hydra overrides `python -m trainer` takes.
+"""`rl-submit [options] [hydra overrides]` / `python -m rl_submit`: run a trainer experiment on Kubernetes as a
+KubeRay RayJob, with the same Hydra overrides `python -m trainer` takes. A Kubernetes client, not the trainer: it
+only composes and checks the trainer's configs (trainer.config, trainer.validate, trainer.algo), it never trains.
 
 One concern per step, each a unit a test can hold alone:
   compose  the overrides become the RayJob's trainer command; that exact command is composed and validated here with
            the trainer's own Hydra configs and checks, so a bad config fails before anything exists on the cluster
   render   the RayJob comes from the chart (`helm template --show-only templates/rayjob.yaml`): the chart stays the
            one source of cluster shape; nothing here writes a pod spec
+  fit      RLlib's resource request for that config is placed on the nodes the rendered RayCluster may have
+           (rl_submit.shape): a job its cluster can never hold is refused now, not after the trainer waited for nodes
   submit   the `kubernetes` client creates it (kubeconfig context and namespace like kubectl, in-cluster in a pod)
   watch    RayJob status, its pods and warning events, and the submitter pod's log until a terminal state
 
 Exit codes (the trainer's for a bad config, then the job's):
-  0 SUCCEEDED  1 Hydra could not compose the overrides  2 a config value is invalid
+  0 SUCCEEDED  1 Hydra could not compose the overrides  2 a config value is invalid, or its cluster can never hold it
   3 could not submit, or the job cannot start (cluster unreachable, no KubeRay, RBAC, quota, namespace, image)
   4 FAILED  5 STOPPED (or deleted)  6 --timeout passed while the job still runs  130 Ctrl-C (the job keeps running)
 """
@@ -170,30 +173,46 @@ class Renderer:
     sets: list[str] = field(default_factory=list)
     existing_cluster: bool = False
 
-    def render(self, **job: Any) -> dict:
-        cmd = [self.helm, "template", self.release, self.chart, "--namespace", self.namespace,
-               "--show-only", "templates/rayjob.yaml"]
+    def _template(self, template: str, sets: dict[str, Any], what: str) -> list[dict]:
+        cmd = [self.helm, "template", self.release, self.chart, "--namespace", self.namespace, "--show-only", template]
         for v in self.values:
             cmd += ["-f", v]
         for s in self.sets:
             cmd += ["--set", s]
-        job = {"enabled": True, **job}
-        if self.existing_cluster:
-            job["useExistingCluster"] = True
-            cmd += ["--set-json", "rayCluster.enabled=true"]
-        for key, value in job.items():
-            cmd += ["--set-json", f"rayJob.{key}={json.dumps(value)}"]
+        for key, value in sets.items():
+            cmd += ["--set-json", f"{key}={json.dumps(value)}"]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
             lines = proc.stderr.splitlines()
             schema = [line[2:] for line in lines if line.startswith("- at ")]  # values.schema.json violations
             why = "; ".join(schema) or next((line for line in lines if line.startswith("Error:")), proc.stderr.strip())
             why = re.sub(r"^Error: (execution error at \([^)]*\): )?", "", why)
-            raise Problem(f"the chart cannot render this RayJob: {why}", EXIT_INVALID)
-        docs = [d for d in yaml.safe_load_all(proc.stdout) if d]
+            raise Problem(f"the chart cannot render {what}: {why}", EXIT_INVALID)
+        return [d for d in yaml.safe_load_all(proc.stdout) if d]
+
+    def render(self, **job: Any) -> dict:
+        job = {"enabled": True, **job}
+        sets = {"rayCluster.enabled": True} if self.existing_cluster else {}
+        if self.existing_cluster:
+            job["useExistingCluster"] = True
+        docs = self._template("templates/rayjob.yaml", {**sets, **{f"rayJob.{k}": v for k, v in job.items()}},
+                              "this RayJob")
         if len(docs) != 1 or docs[0].get("kind") != "RayJob":
             raise Problem(f"the chart rendered no single RayJob from {self.chart} (rayJob.enabled?)")
         return docs[0]
+
+    def render_cluster(self) -> dict:
+        """The release's long-running RayCluster as these values render it (what --use-existing-cluster runs on)."""
+        docs = self._template("templates/raycluster.yaml", {"rayCluster.enabled": True}, "the release's RayCluster")
+        if len(docs) != 1 or docs[0].get("kind") != "RayCluster":
+            raise Problem(f"the chart rendered no single RayCluster from {self.chart}")
+        return docs[0]
+
+    def describe(self) -> str:
+        """The values that shape the cluster, as the user named them."""
+        files = [os.path.relpath(v) if Path(v).is_absolute() and not os.path.relpath(v).startswith("..") else v
+                 for v in self.values]
+        return " ".join([*(f"-f {v}" for v in files), *(f"--set {s}" for s in self.sets)]) or "the chart's defaults"
 
 
 FIXED = ("experiment=", "resources=", "output_dir=")  # what the chart's entrypoint writes before the overrides
@@ -231,6 +250,29 @@ def build_rayjob(r: Renderer, overrides: list[str], name: str | None, cluster: s
     cfg = compose_and_validate(args)
     job["metadata"]["namespace"] = r.namespace
     return job, cfg, output_dir
+
+
+# -- fit ---------------------------------------------------------------------------------------------------------
+def check_fit(r: Renderer, rayjob: dict, cfg) -> None:
+    """Refuse a job the nodes of its RayCluster (its own, or the release's it selects) can never hold."""
+    from rl_submit.shape import cluster_specs, groups, job_request, misfit
+    from trainer.errors import TrainerError
+
+    selected = (rayjob["spec"].get("clusterSelector") or {}).get("ray.io/cluster")
+    if selected:
+        cluster = r.render_cluster()
+        if cluster["metadata"]["name"] != selected:
+            return  # a RayCluster this chart release did not render (--cluster-selector): its shape is unknown here
+        spec, where = cluster["spec"], f"RayCluster {selected}"
+    else:
+        ((_, spec),) = cluster_specs(rayjob)
+        where = "its own RayCluster"
+    try:
+        why = misfit(job_request(cfg), groups(spec))
+    except TrainerError as e:
+        raise Problem(str(e), EXIT_INVALID) from e
+    if why:
+        raise Problem(f"this job can never run on {where} ({r.describe()}): {why}", EXIT_INVALID)
 
 
 # -- submit ------------------------------------------------------------------------------------------------------
@@ -552,6 +594,7 @@ def cmd_submit(args) -> int:
     renderer = Renderer(find_helm(args.helm), find_chart(args.chart), args.release, namespace, args.values,
                         args.set or [], existing_cluster=args.use_existing_cluster or bool(args.cluster_selector))
     rayjob, cfg, output_dir = build_rayjob(renderer, args.overrides, args.name, args.cluster_selector)
+    check_fit(renderer, rayjob, cfg)
     if args.dry_run:
         sys.stdout.write(yaml.safe_dump(rayjob, sort_keys=False, width=10**6))
         return EXIT_SUCCEEDED
@@ -650,7 +693,8 @@ def parser() -> argparse.ArgumentParser:
         .replace(" (the trainer's for a bad config, then the job's):", "exit codes:"))
     p.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. experiment=pong_ppo algo.lr=3e-4")
     _cluster_flags(p)
-    p.add_argument("--dry-run", action="store_true", help="print the RayJob YAML and exit; touch no cluster")
+    p.add_argument("--dry-run", action="store_true",
+                   help="check as for a submission, print the RayJob YAML and exit; touch no cluster")
     p.add_argument("--detach", action="store_true", help="return once the RayJob is created (prints its name)")
     p.add_argument("--timeout", type=float, default=86400, help="stop watching after SECONDS (exit 6; default 86400)")
     p.add_argument("--name", help="RayJob name suffix: the job is <release>-NAME (default: <experiment>-<random>)")
@@ -659,7 +703,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="chart value, as helm --set, repeatable")
     p.add_argument("--use-existing-cluster", action="store_true",
                    help="run on the release's long-running RayCluster (clusterSelector) instead of a new one")
-    p.add_argument("--cluster-selector", metavar="RAYCLUSTER", help="run on this existing RayCluster")
+    p.add_argument("--cluster-selector", metavar="RAYCLUSTER",
+                   help="run on this existing RayCluster (its shape is checked only when it is the release's)")
     p.add_argument("--release", default="rl-platform", help="chart release the job belongs to (default: rl-platform)")
     p.add_argument("--chart", help="the rl-platform chart: a folder, .tgz or oci:// (default: the repo's "
                                    "charts/rl-platform, or $RL_PLATFORM_CHART)")
@@ -702,6 +747,3 @@ def main(argv: list[str] | None = None) -> int:
         print("rl-submit: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
 
-
-if __name__ == "__main__":
-    sys.exit(main())

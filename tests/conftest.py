@@ -1,4 +1,5 @@
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -19,6 +20,17 @@ def pytest_collection_modifyitems(items):
         return SUITE_ORDER.index(parts[0]) if len(parts) > 1 and parts[0] in SUITE_ORDER else len(SUITE_ORDER)
 
     items.sort(key=rank)  # stable: the order within a suite is kept
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _interruptible_children():
+    # A shell without job control starts background commands (`make test &`, `nohup ... &` in a CI script) with SIGINT
+    # ignored, and an ignored signal stays ignored across exec: every process the tests start would then ignore the
+    # Ctrl-C that the signal tests send (rl-rollout, the trainer, servers). A Python-level handler here is reset to the
+    # default on exec, so children get a SIGINT that interrupts, as in a terminal.
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -3,7 +3,8 @@
 #
 #   hack/background.sh start 'CMD ...' ['CMD ...' ...]   run the command lines one after another, detached, at the
 #                                                         lowest CPU and I/O priority; returns at once
-#   hack/background.sh boost                              raise that run to normal priority (someone waits for it)
+#   hack/background.sh boost                              raise that run to normal priority (someone waits for it),
+#                                                         saying where its log is
 #
 # Each command is a script that owns a lock for what it builds (hack/tools.sh per phase, hack/images.sh per
 # machine): whoever needs a product later calls the same script, which waits on that lock (calling `boost`) and
@@ -45,6 +46,7 @@ start() {
 boost() {
   local pgid p; pgid="$(running_pgid)"
   [[ -n "${pgid}" ]] || return 0
+  log "make test's background build (log ${LOG}) runs at normal priority from now on"
   renice -n 0 -g "${pgid}" >/dev/null 2>&1 || true  # root only: elsewhere it stays nice
   if command -v ionice >/dev/null 2>&1; then
     for p in $(pgrep -g "${pgid}" 2>/dev/null || true); do ionice -c 2 -n 4 -p "${p}" 2>/dev/null || true; done

@@ -455,7 +455,7 @@ lock() {
   mkdir -p "${CACHE}"
   exec 9>"${CACHE}/images.lock"
   if ! flock -n 9; then
-    log "waiting for another hack/images.sh build (\`make test\` builds in the background: ${CACHE}/logs/background.log)"
+    log "waiting for another hack/images.sh build"
     "${ROOT}/hack/background.sh" boost
     flock -w 3600 9 || die "another hack/images.sh build holds ${CACHE}/images.lock"
   fi

@@ -17,9 +17,9 @@
 # Idempotent: every item is built into a temporary folder and renamed into place when complete, and an item
 # whose final folder exists is not rebuilt, so a warm run only checks a handful of paths.
 # Concurrent runs (`make test`'s background build, hack/background.sh, and a test's `hack/cluster.sh up`, or two
-# shells) wait for each other: one
-# lock per phase (`all`: the chart tools; `cluster`: the cluster tier's binaries), so the chart tools are usable while
-# the cluster binaries still build, and Go's caches are pruned only when no other run is using them.
+# shells) wait for each other: one lock per phase (`all`: the chart tools; `cluster`: the cluster tier's binaries), so
+# the chart tools are usable while the cluster binaries still build, and Go's caches are pruned only when no other run
+# is using them.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -48,7 +48,6 @@ COREDNS_VERSION="$(ver COREDNS_VERSION)"
 PROMETHEUS_K8S_VERSION="$(ver PROMETHEUS_K8S_VERSION)"
 
 CACHE="${RLP_CACHE:-${HOME}/.cache/rl-platform}/tools"
-LOG_DIR="${RLP_CACHE:-${HOME}/.cache/rl-platform}/logs"  # hack/background.sh's
 HELM_DIR="${CACHE}/helm-${HELM_VERSION}"
 KUBECONFORM_DIR="${CACHE}/kubeconform-${KUBECONFORM_VERSION}"
 HELM_UNITTEST_DIR="${CACHE}/helm-unittest-${HELM_UNITTEST_VERSION}-helm-${HELM_VERSION}"
@@ -482,16 +481,12 @@ timed() { local s=$SECONDS; "$@"; log "$1 done in $((SECONDS - s))s"; }
 # Locks (flock(1), util-linux): ${CACHE}/.lock-<phase> serialises builders of one phase; every builder holds
 # ${CACHE}/.lock-go shared for its whole run, and the prune needs it exclusive (taken without waiting: a run that
 # cannot take it leaves the caches to the run still using them, which prunes when it ends).
-GO_LOCK_FD=""
-hold_go_lock() {
-  [[ -n "${GO_LOCK_FD}" ]] && return 0
-  mkdir -p "${CACHE}"; exec {GO_LOCK_FD}>"${CACHE}/.lock-go"; flock -s "${GO_LOCK_FD}"
-}
+hold_go_lock() { mkdir -p "${CACHE}"; exec {GO_LOCK_FD}>"${CACHE}/.lock-go"; flock -s "${GO_LOCK_FD}"; }
 with_lock() { # with_lock PHASE CMD...: run CMD holding the phase's lock, saying so when another run holds it
   local fd rc=0
   mkdir -p "${CACHE}"; exec {fd}>"${CACHE}/.lock-$1"
   if ! flock -n "${fd}"; then
-    log "waiting for another hack/tools.sh run building the '$1' tools (\`make test\`: ${LOG_DIR}/background.log)"
+    log "waiting for another hack/tools.sh run building the '$1' tools"
     "${ROOT}/hack/background.sh" boost
     flock "${fd}"
   fi
@@ -502,7 +497,7 @@ with_lock() { # with_lock PHASE CMD...: run CMD holding the phase's lock, saying
 
 prune_go_caches() {
   [[ "${RLP_KEEP_GO_CACHE:-0}" != 1 && -d "${GO_CACHE_ROOT}" ]] || return 0
-  if [[ -n "${GO_LOCK_FD}" ]] && ! flock -n -x "${GO_LOCK_FD}"; then
+  if ! flock -n -x "${GO_LOCK_FD}"; then  # held by hold_go_lock (main)
     log "another hack/tools.sh run is using Go's caches: it prunes them when it ends"; return 0
   fi
   local size; size="$(du -sh "${GO_CACHE_ROOT}" 2>/dev/null | cut -f1)"

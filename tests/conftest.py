@@ -8,9 +8,9 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
-# Suites in the order `make test` runs them: the Python-only ones first while `make test` builds the chart tools and
-# the cluster tier's binaries in the background (mk/k8s.mk TEST_TOOLS), then those that use them, the cluster tier
-# last. Within a suite, files keep their names' order (tests/k8s relies on none: each test brings its preconditions).
+# Suites in the order `make test` runs them: the Python-only ones first while `make test` builds the chart tools, the
+# images and the cluster tier's binaries in the background (mk/k8s.mk TEST_BACKGROUND), then those that use them, the
+# cluster tier last. Within a suite, files keep their names' order (tests/k8s relies on none: each test brings its preconditions).
 SUITE_ORDER = ("unit", "trainer", "serving", "security", "containers", "chart", "monitoring", "k8s")
 
 

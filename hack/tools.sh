@@ -513,6 +513,9 @@ all_tools() {
   timed fetch_prometheus
 }
 
+TARGETS="all helm kubeconform helm-unittest kind k8s-schemas kuberay kuberay-operator-binary prometheus-operator promtool \
+prometheus pod-security-check kubernetes etcd kwok coredns pause cluster prometheus-k8s"
+
 run_target() {
   case "$1" in
     all) with_lock all all_tools ;;
@@ -534,7 +537,7 @@ run_target() {
     pause) with_lock cluster build_pause ;;
     prometheus-k8s) with_lock cluster build_prometheus_k8s ;;
     cluster) with_lock cluster timed cluster_tools ;;
-    *) echo "usage: $0 [all|helm|kubeconform|helm-unittest|kind|k8s-schemas|kuberay|kuberay-operator-binary|prometheus-operator|promtool|prometheus|pod-security-check|kubernetes|etcd|kwok|coredns|pause|cluster|prometheus-k8s]... | env" >&2; exit 2 ;;
+    *) echo "usage: $0 [${TARGETS// /|}]... | env" >&2; exit 2 ;;
   esac
 }
 
@@ -542,7 +545,9 @@ main() {
   (($#)) || set -- all
   [[ "$1" == env ]] && { print_env; return 0; }
   local t
-  for t in "$@"; do [[ "${t}" == env ]] && run_target usage; done
+  for t in "$@"; do  # every target known before anything is built
+    [[ "${t}" != env && " ${TARGETS} " == *" ${t} "* ]] || run_target usage
+  done
   hold_go_lock
   for t in "$@"; do run_target "${t}"; done
   prune_go_caches

@@ -1,14 +1,14 @@
 """`rl-submit [options] [hydra overrides]` / `python -m rl_submit`: run a trainer experiment on Kubernetes as a
 KubeRay RayJob, with the same Hydra overrides `python -m trainer` takes. A Kubernetes client, not the trainer: it
-only composes and checks the trainer's configs (trainer.config, trainer.validate, trainer.algo), it never trains.
+only composes and checks the trainer's configs (trainer.config, trainer.validate, trainer.capacity), it never trains.
 
 One concern per step, each a unit a test can hold alone:
   compose  the overrides become the RayJob's trainer command; that exact command is composed and validated here with
            the trainer's own Hydra configs and checks, so a bad config fails before anything exists on the cluster
   render   the RayJob comes from the chart (`helm template --show-only templates/rayjob.yaml`): the chart stays the
            one source of cluster shape; nothing here writes a pod spec
-  fit      RLlib's resource request for that config is placed on the nodes the rendered RayCluster may have
-           (rl_submit.shape): a job its cluster can never hold is refused now, not after the trainer waited for nodes
+  fit      RLlib's resource request for that config (trainer.capacity.request) is placed on the nodes the rendered
+           RayCluster may have (rl_submit.shape): a job its cluster can never hold is refused now, not after the trainer waited for nodes
   submit   the `kubernetes` client creates it (kubeconfig context and namespace like kubectl, in-cluster in a pod)
   watch    RayJob status, its pods and warning events, and the submitter pod's log until a terminal state
 
@@ -255,8 +255,8 @@ def build_rayjob(r: Renderer, overrides: list[str], name: str | None, cluster: s
 # -- fit ---------------------------------------------------------------------------------------------------------
 def check_fit(r: Renderer, rayjob: dict, cfg) -> None:
     """Refuse a job the nodes of its RayCluster (its own, or the release's it selects) can never hold."""
-    from rl_submit.shape import cluster_specs, groups, job_request, misfit
-    from trainer.errors import TrainerError
+    from rl_submit.shape import cluster_specs, groups, misfit
+    from trainer.capacity import request
 
     selected = (rayjob["spec"].get("clusterSelector") or {}).get("ray.io/cluster")
     if selected:
@@ -267,10 +267,7 @@ def check_fit(r: Renderer, rayjob: dict, cfg) -> None:
     else:
         ((_, spec),) = cluster_specs(rayjob)
         where = "its own RayCluster"
-    try:
-        why = misfit(job_request(cfg), groups(spec))
-    except TrainerError as e:
-        raise Problem(str(e), EXIT_INVALID) from e
+    why = misfit(request(cfg), groups(spec))
     if why:
         raise Problem(f"this job can never run on {where} ({r.describe()}): {why}", EXIT_INVALID)
 

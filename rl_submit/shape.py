@@ -2,19 +2,18 @@
 
 Supply: KubeRay starts Ray on every pod of a RayCluster spec with flags it derives from the group's rayStartParams
 and the Ray container's resources (ray_node_resources); a cluster may have its head and each worker group at
-maxReplicas when the in-tree autoscaler runs, else at replicas. Demand: RLlib's own resource request for the
-trainer's AlgorithmConfig (Algorithm.default_resource_request): one bundle per env runner ({CPU, rollout_pool}),
-evaluation runner and learner ({CPU, GPU, learner_pool}), and first the trial driver's ({CPU}). A plain run is driven
-by the job's entrypoint process on the head, outside Ray's accounting, so it drops that bundle; a Tune run needs it
-for each trial (one trial must fit; more run one after another). Placement is first fit, biggest bundles first (RLlib
-asks for PACK, which Ray places bundle by bundle). rl-submit refuses a misfit with one line; tests/chart checks
+maxReplicas when the in-tree autoscaler runs, else at replicas. Demand: trainer.capacity.request for the trainer's
+composed config, the request RLlib's Algorithm.default_resource_request makes, read from the config without importing
+RLlib: one bundle per env runner ({CPU, rollout_pool}), evaluation runner and learner ({CPU, GPU, learner_pool}), and
+first a Tune trial's driver (a plain run is driven by the job's entrypoint process on the head, outside Ray's
+accounting; one Tune trial must fit, more run one after another). Placement is first fit, biggest bundles first
+(RLlib asks for PACK, which Ray places bundle by bundle). rl-submit refuses a misfit with one line; tests/chart checks
 every job of k8s/values with the same code.
 """
 
 from __future__ import annotations
 
 import json
-import logging
 import math
 import re
 import shlex
@@ -130,31 +129,6 @@ def groups(cluster_spec: dict) -> list[Group]:
 def nodes(cluster: list[Group]) -> list[tuple[str, Bundle]]:
     """(group#i, resources) of every node the cluster may have, head first."""
     return [(f"{g.name}#{i}", dict(g.resources)) for g in cluster for i in range(g.count)]
-
-
-# -- demand: what the job asks Ray for -------------------------------------------------------------------------------
-def job_request(cfg) -> list[tuple[str, Bundle]]:
-    """(what, bundle) of every actor a run of the trainer's composed config `cfg` asks Ray to place at once."""
-    from trainer.algo import build_algo_config
-
-    rllib = logging.getLogger("ray.rllib")
-    level = rllib.level
-    rllib.setLevel(logging.ERROR)  # "You are running PPO on the new API stack!": a dry run prints only YAML
-    try:
-        config = build_algo_config(cfg)
-        bundles = [{k: float(v) for k, v in b.items() if v}
-                   for b in config.algo_class.default_resource_request(config).bundles]
-    finally:
-        rllib.setLevel(level)
-    # RLlib's order: the driver, env runners, evaluation runners, then learners (aggregator actors with none).
-    tail = config.num_learners or config.num_aggregator_actors_per_learner
-    learner = "learner" if config.num_learners else "aggregator actor"
-    n_env = config.num_env_runners
-    n_eval = len(bundles) - 1 - n_env - tail
-    labels = (["the Tune trial driver"] + [f"env runner {i + 1}" for i in range(n_env)]
-              + [f"evaluation runner {i + 1}" for i in range(n_eval)] + [f"{learner} {i + 1}" for i in range(tail)])
-    request = list(zip(labels, bundles))
-    return request if cfg.tune.scheduler != "none" else request[1:]
 
 
 # -- placement -------------------------------------------------------------------------------------------------------

@@ -20,21 +20,32 @@ from trainer.errors import TrainerError
 Bundle = Mapping[str, float]
 
 
-def request(res, tune: bool, eval_env_runners: int = 0) -> list[tuple[str, Bundle]]:
-    """[(what, bundle)] the run will ask Ray for, one entry per actor."""
-    out: list[tuple[str, Bundle]] = []
-    if tune:
-        out.append(("the Tune trial driver", {"CPU": 1.0}))
+def request(cfg) -> list[tuple[str, Bundle]]:
+    """[(what, bundle)] every actor a run of the composed config `cfg` asks Ray to place at once, in RLlib's order.
+
+    The same request RLlib's Algorithm.default_resource_request makes for the AlgorithmConfig trainer.algo builds
+    (tests/unit/test_capacity.py checks the two agree), read from the config alone so that rl-submit can check a job
+    against a cluster shape without importing RLlib: the trial driver (a Tune run only; a plain run is driven by this
+    process, outside Ray's accounting), one bundle per env runner ({CPU, rollout pool}) and per evaluation env runner
+    (built from the training env runners' config, trainer.algo), then per learner ({CPU, GPU, learner pool}). With no
+    learner actors the learner lives in the driver, so a Tune trial's driver bundle carries the learner's CPU and GPU.
+    """
+    res, ev = cfg.resources, cfg.evaluation
+    out: list[tuple[str, dict[str, float]]] = []
+    if cfg.tune.scheduler != "none":
+        driver = ({"CPU": max(float(res.num_cpus_per_learner), 1.0), "GPU": float(res.num_gpus_per_learner)}
+                  if res.num_learners == 0 else {"CPU": 1.0})
+        out.append(("the Tune trial driver", driver))
     runner: dict[str, float] = {"CPU": float(res.num_cpus_per_env_runner)}
     if res.rollout_resource:
         runner[res.rollout_resource] = 1.0
-    out += [("an env runner", runner)] * res.num_env_runners
-    # Eval env runners are built from the training env runners' config: the same bundle (trainer.algo).
-    out += [("an evaluation env runner", runner)] * eval_env_runners
+    out += [(f"env runner {i + 1}", runner) for i in range(res.num_env_runners)]
+    n_eval = ev.num_env_runners if ev.interval else 0
+    out += [(f"evaluation env runner {i + 1}", runner) for i in range(n_eval)]
     learner: dict[str, float] = {"CPU": float(res.num_cpus_per_learner), "GPU": float(res.num_gpus_per_learner)}
     if res.learner_resource:
         learner[res.learner_resource] = 1.0
-    out += [("a learner", learner)] * res.num_learners
+    out += [(f"learner {i + 1}", learner) for i in range(res.num_learners)]
     return [(what, {k: v for k, v in b.items() if v > 0}) for what, b in out]
 
 
@@ -55,7 +66,7 @@ def shortfall(req: list[tuple[str, Bundle]], nodes: list[Bundle]) -> str | None:
     for k, v in sorted(total.items()):
         if v > have.get(k, 0.0) + 1e-9:
             n = sum(1 for _, b in req if k in b)
-            return f"{n} actor(s) need {k} {v:g} in total, the cluster has {k} {have.get(k, 0.0):g}"
+            return f"{n} actor{'s' * (n != 1)} need{'s' * (n == 1)} {k} {v:g} in total, the cluster has {k} {have.get(k, 0.0):g}"
     return None
 
 
@@ -85,8 +96,7 @@ def _autoscaler_maxima() -> dict[str, float] | None:
 
 def check_capacity(cfg, log: Callable[[str], None], nodes: Callable[[], list[Bundle]] = _alive_nodes) -> None:
     res = cfg.resources
-    ev = cfg.evaluation
-    req = request(res, tune=cfg.tune.scheduler != "none", eval_env_runners=ev.num_env_runners if ev.interval else 0)
+    req = request(cfg)
     why = shortfall(req, nodes())
     if why is None:
         return

@@ -1,8 +1,8 @@
 """Every training job of k8s/values fits the Ray cluster it runs on, as Ray would place it.
 
 The request comes from the trainer itself: the job's entrypoint overrides are composed with Hydra, and rl_submit.shape
-places RLlib's own resource request for that config (driver, env runners, learners; a plain run drops the driver's)
-on the nodes the rendered RayCluster may have, with the same code rl-submit uses to refuse a job that never fits.
+places the trainer's request for that config (trainer.capacity.request, RLlib's request read from the config: driver,
+env runners, learners; a plain run drops the driver's) on the nodes the rendered RayCluster may have, with the same code rl-submit uses to refuse a job that never fits.
 """
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ import pytest
 import yaml
 
 from chartkit import K8S_VALUES, ROOT
-from rl_submit.shape import cluster_specs, groups, job_request, misfit, nodes, place
+from rl_submit.shape import cluster_specs, groups, misfit, nodes, place
+from trainer.capacity import request
 
 pytestmark = pytest.mark.chart
 
@@ -55,11 +56,11 @@ def test_training_job_fits_its_ray_cluster(tools, values, tune):
     job, cluster = _job_and_cluster(tools, values)
     cfg = _job_cfg(job["spec"]["entrypoint"], tune)
     assert cfg.resources.rollout_resource == "rollout_pool" and cfg.resources.learner_resource == "learner_pool"
-    request = job_request(cfg)
-    bundles = [b for _, b in request]
+    req = request(cfg)
+    bundles = [b for _, b in req]
     assert any("rollout_pool" in b for b in bundles) and any("learner_pool" in b for b in bundles), bundles
-    assert (request[0][0] == "the Tune trial driver") == (tune != "none"), request
-    assert misfit(request, _groups(cluster)) is None
+    assert (req[0][0] == "the Tune trial driver") == (tune != "none"), req
+    assert misfit(req, _groups(cluster)) is None
 
 
 @pytest.mark.parametrize("values", JOB_VALUES, ids=[p.name for p in JOB_VALUES])

@@ -22,6 +22,7 @@ from kubernetes.client.rest import ApiException
 from rl_submit import cli as submit
 from rl_submit import shape
 from rl_submit.cli import MAX_NAME, Problem, dns1035, job_suffix
+from trainer.capacity import request
 from trainer_helpers import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -348,12 +349,13 @@ def test_shape_counts_a_group_without_nodes_as_holding_nothing():
     assert shape.misfit([("env runner 1", RUNNER)] * 8, autoscaled) is None
 
 
-def test_shape_asks_rllib_for_the_jobs_bundles():
-    """RLlib's own request for the composed config: a plain run leaves the driver to the entrypoint process."""
+def test_the_fit_check_places_the_trainers_request_for_the_composed_config():
+    """The composed config's request (trainer.capacity, checked against RLlib's in tests/unit/test_capacity.py): a
+    plain run leaves the driver to the entrypoint process."""
     overrides = ["resources=cluster", "resources.num_env_runners=2", *GPU_LEARNER]
-    plain = shape.job_request(submit.compose_and_validate(overrides))
+    plain = request(submit.compose_and_validate(overrides))
     assert plain == [("env runner 1", RUNNER), ("env runner 2", RUNNER), ("learner 1", GPU_BUNDLE)]
-    tune = shape.job_request(submit.compose_and_validate([*overrides, "tune=asha"]))
+    tune = request(submit.compose_and_validate([*overrides, "tune=asha"]))
     assert tune == [("the Tune trial driver", {"CPU": 1.0}), *plain]
 
 

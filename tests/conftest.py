@@ -1,3 +1,4 @@
+import faulthandler
 import os
 import signal
 import sys
@@ -20,6 +21,14 @@ def pytest_collection_modifyitems(items):
         return SUITE_ORDER.index(parts[0]) if len(parts) > 1 and parts[0] in SUITE_ORDER else len(SUITE_ORDER)
 
     items.sort(key=rank)  # stable: the order within a suite is kept
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config):
+    # A whole run once ended in a segmentation fault after its summary (interpreter shutdown: a C extension's
+    # threads or atexit handlers), so `make test` failed with every test passed and nothing to go on. pytest's own
+    # faulthandler is switched off by now; switched back on, such a crash prints every thread's Python stack.
+    faulthandler.enable(file=sys.__stderr__, all_threads=True)
 
 
 @pytest.fixture(autouse=True, scope="session")

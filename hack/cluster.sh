@@ -2,7 +2,7 @@
 # The local Kubernetes cluster tier, built from registry sources (Go module proxy, Debian apt) and cached by version
 # outside the repo (hack/tools.sh). `make cluster-up|cluster-down|cluster-status`.
 #
-#   hack/cluster.sh up [--level a|b]   a: control plane + KubeRay operator + KWOK fake nodes (a CPU rollout pool and a
+#   hack/cluster.sh up [--level a|b]   a: control plane + KubeRay operator + Kueue + KWOK fake nodes (a CPU rollout pool and a
 #                                         GPU learner node). Placement is real (scheduler, operator); pods are not.
 #                                      b: (default) the same control plane, this machine as one real node
 #                                         (hack/cluster/node.sh: containerd, kubelet, kube-proxy, CoreDNS) for the
@@ -26,6 +26,10 @@ FAKE_CPU_NODES="${RLP_FAKE_CPU_NODES:-2}"
 FAKE_GPU_NODES="${RLP_FAKE_GPU_NODES:-1}"
 OPERATOR_METRICS_ADDR="127.0.0.1:${RLP_OPERATOR_METRICS_PORT:-18080}"
 OPERATOR_PROBE_ADDR="127.0.0.1:${RLP_OPERATOR_PROBE_PORT:-18081}"
+# Kueue's manager: every port on loopback (the API server calls its webhooks at 127.0.0.1, TLS from our CA).
+KUEUE_WEBHOOK_PORT="${RLP_KUEUE_WEBHOOK_PORT:-19443}"
+KUEUE_METRICS_ADDR="127.0.0.1:${RLP_KUEUE_METRICS_PORT:-18082}"
+KUEUE_PROBE_ADDR="127.0.0.1:${RLP_KUEUE_PROBE_PORT:-18083}"
 
 log() { printf '[cluster] %s\n' "$*" >&2; }
 die() { printf 'cluster: %s\n' "$*" >&2; exit 1; }
@@ -143,6 +147,8 @@ pki() {
   cert kube-proxy system:kube-proxy
   cert kuberay-operator kuberay-operator
   cert kwok kwok-controller
+  cert kueue kueue
+  cert kueue-webhook kueue-webhook "" "IP:127.0.0.1,DNS:localhost"
   if [[ ! -s "${PKI}/sa.key" ]]; then
     openssl genrsa -out "${PKI}/sa.key" 2048 2>/dev/null
     openssl rsa -in "${PKI}/sa.key" -pubout -out "${PKI}/sa.pub" 2>/dev/null
@@ -154,6 +160,7 @@ pki() {
   kubeconfig kube-proxy kube-proxy
   kubeconfig kuberay-operator kuberay-operator
   kubeconfig kwok kwok
+  kubeconfig kueue kueue
   # The one directory a user puts on PATH: the built kubectl and helm.
   mkdir -p "${CLUSTER_DIR}/bin"
   ln -sfn "${KUBECTL}" "${CLUSTER_DIR}/bin/kubectl"
@@ -242,6 +249,103 @@ kuberay() {
   wait_for kuberay-operator 60 curl -fsS --max-time 2 "http://${OPERATOR_PROBE_ADDR}/readyz"
 }
 
+# Kueue (queues, quotas, priorities for RayJobs): CRDs server-side, the manager's own ClusterRole bound to its
+# certificate identity, the manager out of cluster with only the ray.io/rayjob integration (a RayJob is queued only
+# when it carries the kueue.x-k8s.io/queue-name label; others are left alone). Its admission webhooks are registered
+# by URL on 127.0.0.1 with our CA (no Service, no in-cluster certificate rotation), and only those its own objects
+# and that integration need: no webhook that pod or Deployment creation would depend on.
+KUEUE_WEBHOOKS=( # TYPE PATH-SUFFIX GROUP VERSION RESOURCE OPERATIONS (/mutate-<suffix>, /validate-<suffix>)
+  "m kueue-x-k8s-io-v1beta2-clusterqueue kueue.x-k8s.io v1beta2 clusterqueues CREATE"
+  "m kueue-x-k8s-io-v1beta2-resourceflavor kueue.x-k8s.io v1beta2 resourceflavors CREATE"
+  "m kueue-x-k8s-io-v1beta2-workload kueue.x-k8s.io v1beta2 workloads CREATE"
+  "m ray-io-v1-rayjob ray.io v1 rayjobs CREATE"
+  "v kueue-x-k8s-io-v1beta2-clusterqueue kueue.x-k8s.io v1beta2 clusterqueues CREATE,UPDATE"
+  "v kueue-x-k8s-io-v1beta2-cohort kueue.x-k8s.io v1beta2 cohorts CREATE,UPDATE"
+  "v kueue-x-k8s-io-v1beta2-resourceflavor kueue.x-k8s.io v1beta2 resourceflavors CREATE,UPDATE"
+  "v kueue-x-k8s-io-v1beta2-workload kueue.x-k8s.io v1beta2 workloads CREATE,UPDATE"
+  "v ray-io-v1-rayjob ray.io v1 rayjobs CREATE,UPDATE"
+)
+kueue_webhooks() { # the Mutating- and ValidatingWebhookConfiguration, as YAML
+  local t kind prefix entry type suffix group version resource ops ca
+  ca="$(base64 -w0 < "${PKI}/ca.crt")"
+  for t in m v; do
+    if [[ "${t}" == m ]]; then kind=MutatingWebhookConfiguration prefix=mutate; else kind=ValidatingWebhookConfiguration prefix=validate; fi
+    printf -- '---\napiVersion: admissionregistration.k8s.io/v1\nkind: %s\nmetadata:\n  name: rl-platform-kueue\nwebhooks:\n' "${kind}"
+    for entry in "${KUEUE_WEBHOOKS[@]}"; do
+      read -r type suffix group version resource ops <<<"${entry}"
+      [[ "${type}" == "${t}" ]] || continue
+      cat <<EOF
+- name: ${t}${resource%s}.kueue.x-k8s.io
+  admissionReviewVersions: [v1]
+  clientConfig:
+    url: https://127.0.0.1:${KUEUE_WEBHOOK_PORT}/${prefix}-${suffix}
+    caBundle: ${ca}
+  failurePolicy: Fail
+  sideEffects: None
+  timeoutSeconds: 10
+  rules:
+  - apiGroups: [${group}]
+    apiVersions: [${version}]
+    operations: [${ops//,/, }]
+    resources: [${resource}]
+EOF
+    done
+  done
+}
+kueue() {
+  local dir="${CLUSTER_DIR}/kueue"
+  mkdir -p "${dir}/certs"
+  install -m 600 "${PKI}/kueue-webhook.crt" "${dir}/certs/tls.crt"
+  install -m 600 "${PKI}/kueue-webhook.key" "${dir}/certs/tls.key"
+  kc create namespace kueue-system --dry-run=client -o yaml | kc apply --server-side -f - >/dev/null
+  kc apply --server-side --force-conflicts -f "${KUEUE_CRDS}" >/dev/null
+  kc_wait 60 --for condition=Established crd/clusterqueues.kueue.x-k8s.io crd/localqueues.kueue.x-k8s.io \
+    crd/resourceflavors.kueue.x-k8s.io crd/workloads.kueue.x-k8s.io crd/workloadpriorityclasses.kueue.x-k8s.io ||
+    die "the Kueue CRDs were not Established in 60s"
+  # The upstream roles (kustomize prefixes their names and sets the namespace): the manager's ClusterRole and its
+  # Role on Secrets in its own namespace, bound to its certificate identity.
+  sed 's/^  name: manager-role$/  name: kueue-manager/' "${KUEUE_RBAC}/role.yaml" | kc apply --server-side -f - >/dev/null
+  sed -e 's/^  name: manager-secrets-role$/  name: kueue-manager-secrets/' -e 's/^  namespace: system$/  namespace: kueue-system/' \
+    "${KUEUE_RBAC}/manager_secrets_role.yaml" | kc apply --server-side -f - >/dev/null
+  kc create clusterrolebinding kueue-manager --clusterrole kueue-manager --user kueue \
+    --dry-run=client -o yaml | kc apply --server-side -f - >/dev/null
+  kc -n kueue-system create rolebinding kueue-manager-secrets --role kueue-manager-secrets --user kueue \
+    --dry-run=client -o yaml | kc apply --server-side -f - >/dev/null
+  cat > "${dir}/config.yaml" <<EOF
+apiVersion: config.kueue.x-k8s.io/v1beta2
+kind: Configuration
+namespace: kueue-system
+manageJobsWithoutQueueName: false
+health:
+  healthProbeBindAddress: ${KUEUE_PROBE_ADDR}
+metrics:
+  bindAddress: ${KUEUE_METRICS_ADDR}
+webhook:
+  host: 127.0.0.1
+  port: ${KUEUE_WEBHOOK_PORT}
+  certDir: ${dir}/certs
+leaderElection:
+  leaderElect: false
+internalCertManagement:
+  enable: false
+featureGates:
+  VisibilityOnDemand: false   # its aggregated API server wants certificates at /visibility (a pod's mount)
+integrations:
+  frameworks: ["ray.io/rayjob"]
+EOF
+  # Kueue reads its metrics-server certificate from the fixed path a pod would mount (/etc/kueue/metrics/certs, no
+  # flag): it runs in a private mount namespace whose /etc is an overlay adding that folder, so the host's /etc is
+  # never written.
+  mkdir -p "${dir}/etc/upper/kueue/metrics/certs" "${dir}/etc/work"
+  cp "${dir}/certs/tls.crt" "${dir}/certs/tls.key" "${dir}/etc/upper/kueue/metrics/certs/"
+  # shellcheck disable=SC2016  # expanded by the inner shell
+  start kueue unshare --mount --propagation private sh -c \
+    'mount -t overlay rlp-kueue-etc -o "lowerdir=/etc,upperdir=$0/upper,workdir=$0/work" /etc && shift && exec "$@"' \
+    "${dir}/etc" x "${KUEUE}" --config "${dir}/config.yaml" --kubeconfig "${CLUSTER_DIR}/kueue.kubeconfig"
+  wait_for kueue 90 curl -fsS --max-time 2 "http://${KUEUE_PROBE_ADDR}/readyz"
+  kueue_webhooks | kc apply --server-side --force-conflicts -f - >/dev/null
+}
+
 # kwok manages only nodes annotated kwok.x-k8s.io/node=fake (never the real kubelet's node). Its pod IPs are fake
 # addresses from the node bridge range; its own server (logs/exec) stays off.
 kwok_up() {
@@ -322,7 +426,7 @@ up() {
   t=${SECONDS}; "${ROOT}/hack/tools.sh" all cluster; log "tools ready in $((SECONDS - t))s"
   mkdir -p "${CLUSTER_DIR}" "${LOGS}" "${PIDS}"
   t=${SECONDS}; bridge_up; pki; control_plane; log "control plane ready in $((SECONDS - t))s"
-  t=${SECONDS}; kuberay; kwok_up; log "KubeRay operator + kwok ready in $((SECONDS - t))s"
+  t=${SECONDS}; kuberay; kueue; kwok_up; log "KubeRay operator + Kueue + kwok ready in $((SECONDS - t))s"
   if [[ "${level}" == b ]]; then
     t=${SECONDS}; "${ROOT}/hack/cluster/node.sh" up; log "real node ready in $((SECONDS - t))s"
   fi
@@ -336,7 +440,7 @@ down() {
   [[ -d "${CLUSTER_DIR}" ]] || { log "no cluster state at ${CLUSTER_DIR}: nothing to stop"; return 0; }
   if [[ -x "${ROOT}/hack/cluster/node.sh" ]]; then "${ROOT}/hack/cluster/node.sh" down || log "WARNING: node.sh down failed"; fi
   local c
-  for c in kwok kuberay-operator kube-scheduler kube-controller-manager kube-apiserver etcd; do stop "${c}"; done
+  for c in kwok kueue kuberay-operator kube-scheduler kube-controller-manager kube-apiserver etcd; do stop "${c}"; done
   bridge_down
   rm -rf "${CLUSTER_DIR}"
   log "cluster down: processes stopped, ${BRIDGE} removed, ${CLUSTER_DIR} deleted"
@@ -344,7 +448,7 @@ down() {
 
 status() {
   local c rc=1
-  for c in etcd kube-apiserver kube-controller-manager kube-scheduler kuberay-operator kwok; do
+  for c in etcd kube-apiserver kube-controller-manager kube-scheduler kuberay-operator kueue kwok; do
     if running "${c}"; then printf '%-24s running (pid %s)\n' "${c}" "$(cat "${PIDS}/${c}.pid")"; else printf '%-24s stopped\n' "${c}"; fi
   done
   if [[ -s "${KUBECONFIG_ADMIN}" ]] && apiserver_ready 2>/dev/null; then

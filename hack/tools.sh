@@ -4,14 +4,14 @@
 #   ${RLP_CACHE:-$HOME/.cache/rl-platform}/tools/<tool>-<version>/...
 # Versions come from mk/versions.mk (the only place they are written down).
 #
-# Usage: hack/tools.sh [all|helm|kubeconform|helm-unittest|k8s-schemas|kuberay|prometheus-operator|promtool|
-#                       prometheus|pod-security-check|kind|kuberay-operator-binary|cluster|prometheus-k8s|env]
-#   all (default)  helm, kubeconform, helm-unittest, Kubernetes + KubeRay + prometheus-operator schemas, promtool,
-#                  pod-security-check, the Prometheus server (what `make test` needs)
+# Usage: hack/tools.sh [all|helm|kubeconform|helm-unittest|k8s-schemas|kuberay|kueue|prometheus-operator|promtool|
+#                       prometheus|pod-security-check|kind|kuberay-operator-binary|kueue-binary|cluster|prometheus-k8s|env]
+#   all (default)  helm, kubeconform, helm-unittest, Kubernetes + KubeRay + Kueue + prometheus-operator schemas,
+#                  promtool, pod-security-check, the Prometheus server (what `make test` needs)
 #   kind, kuberay-operator-binary   on demand (`make deploy-cluster`, running the operator outside a cluster)
 #   cluster        what the local cluster tier needs (hack/cluster.sh, tests/k8s): Kubernetes, etcd, kwok, CoreDNS,
-#                  the pause image, the KubeRay operator binary, and prometheus-k8s (upstream Prometheus + promtool
-#                  with kubernetes_sd, to scrape the chart's PodMonitors)
+#                  the pause image, the KubeRay operator binary, the Kueue manager, and prometheus-k8s (upstream
+#                  Prometheus + promtool with kubernetes_sd, to scrape the chart's PodMonitors)
 #   env            print NAME=path lines for the tools (used by mk/k8s.mk, hack/*.sh and tests/chart)
 # Several targets may be given (`all cluster`); Go's caches are pruned once, after the last.
 # Idempotent: every item is built into a temporary folder and renamed into place when complete, and an item
@@ -46,6 +46,7 @@ ETCD_VERSION="$(ver ETCD_VERSION)"
 KWOK_VERSION="$(ver KWOK_VERSION)"
 COREDNS_VERSION="$(ver COREDNS_VERSION)"
 PROMETHEUS_K8S_VERSION="$(ver PROMETHEUS_K8S_VERSION)"
+KUEUE_VERSION="$(ver KUEUE_VERSION)"
 
 CACHE="${RLP_CACHE:-${HOME}/.cache/rl-platform}/tools"
 HELM_DIR="${CACHE}/helm-${HELM_VERSION}"
@@ -63,6 +64,8 @@ PROMETHEUS_K8S_DIR="${CACHE}/prometheus-k8s-${PROMETHEUS_K8S_VERSION}"
 # The KubeRay CRDs and operator: the ray-operator module of KUBERAY_VERSION.
 KUBERAY_DIR="${CACHE}/kuberay-${KUBERAY_VERSION}"
 PROMOP_DIR="${CACHE}/prometheus-operator-${PROMETHEUS_OPERATOR_VERSION}"
+# Kueue (job queueing): its CRDs + schemas (chart validation) and manager ClusterRole; the manager binary (cluster tier).
+KUEUE_DIR="${CACHE}/kueue-${KUEUE_VERSION}"
 K8S_SCHEMA_DIR="${CACHE}/kubernetes-validate-${KUBERNETES_VALIDATE_VERSION}"
 # Our own small checker (hack/pod-security-check) over the upstream policy code: keyed by its source too.
 PSA_SRC="${ROOT}/hack/pod-security-check"
@@ -223,6 +226,34 @@ fetch_kuberay() {
   echo "${KUBERAY_VERSION}" > "${t}/VERSION"
   (cd "${t}/schemas" && convert_crds "${t}"/crds/*.yaml)
   publish "${t}" "${KUBERAY_DIR}"
+}
+
+# Kueue's CRDs (kueue.x-k8s.io: ClusterQueue, LocalQueue, ResourceFlavor, WorkloadPriorityClass, Workload, ...) and
+# the manager's ClusterRole, from the sigs.k8s.io/kueue module (its go.mod has no replace: `go install` builds it).
+fetch_kueue() {
+  [[ -d "${KUEUE_DIR}/schemas" && -d "${KUEUE_DIR}/crds" && -s "${KUEUE_DIR}/rbac/manager_secrets_role.yaml" ]] && return 0
+  need go "Go toolchain"; build_kubeconform
+  log "fetching Kueue v${KUEUE_VERSION} CRDs from sigs.k8s.io/kueue"
+  local src t
+  src="$(moddir "sigs.k8s.io/kueue@v${KUEUE_VERSION}")" && [[ -n "${src}" ]] ||
+    { echo "tools.sh: sigs.k8s.io/kueue@v${KUEUE_VERSION} could not be downloaded from $(go env GOPROXY)" >&2; exit 2; }
+  stage "${KUEUE_DIR}"; t="${T}"
+  mkdir -p "${t}/crds" "${t}/schemas" "${t}/rbac"
+  cp "${src}"/config/components/crd/bases/kueue.x-k8s.io_*.yaml "${t}/crds/"
+  cp "${src}/config/components/rbac/role.yaml" "${src}/config/components/rbac/manager_secrets_role.yaml" "${t}/rbac/"
+  chmod -R u+w "${t}/crds" "${t}/rbac"
+  echo "${KUEUE_VERSION}" > "${t}/VERSION"
+  (cd "${t}/schemas" && convert_crds "${t}"/crds/*.yaml)
+  publish "${t}" "${KUEUE_DIR}"
+}
+
+build_kueue() {
+  fetch_kueue
+  [[ -x "${KUEUE_DIR}/bin/kueue" ]] && return 0
+  log "building the Kueue v${KUEUE_VERSION} manager"
+  rm -rf "${KUEUE_DIR}/bin.tmp"
+  GOBIN="${KUEUE_DIR}/bin.tmp" CGO_ENABLED=0 go install -trimpath -ldflags "-s -w" "sigs.k8s.io/kueue/cmd/kueue@v${KUEUE_VERSION}"
+  mv "${KUEUE_DIR}/bin.tmp" "${KUEUE_DIR}/bin"
 }
 
 # The operator binary of the same KubeRay version, for running it outside a cluster (optional; the in-cluster
@@ -443,6 +474,7 @@ cluster_tools() { # everything hack/cluster.sh needs, the independent builds two
   build_pause & p1=$!
   timed build_prometheus_k8s & p2=$!
   wait "${p1}" && wait "${p2}" || exit 1
+  timed build_kueue
 }
 
 print_env() {
@@ -473,6 +505,11 @@ KUBERAY_OPERATOR=${KUBERAY_DIR}/bin/ray-operator
 PROMETHEUS_K8S=${PROMETHEUS_K8S_DIR}/bin/prometheus
 PROMTOOL_K8S=${PROMETHEUS_K8S_DIR}/bin/promtool
 PROMETHEUS_K8S_VERSION=${PROMETHEUS_K8S_VERSION}
+KUEUE_VERSION=${KUEUE_VERSION}
+KUEUE_CRDS=${KUEUE_DIR}/crds
+KUEUE_SCHEMAS=${KUEUE_DIR}/schemas
+KUEUE_RBAC=${KUEUE_DIR}/rbac
+KUEUE=${KUEUE_DIR}/bin/kueue
 EOF
 }
 
@@ -508,13 +545,13 @@ prune_go_caches() {
 }
 
 all_tools() {
-  timed build_kubeconform; timed fetch_k8s_schemas; timed fetch_kuberay; timed fetch_prometheus_operator
+  timed build_kubeconform; timed fetch_k8s_schemas; timed fetch_kuberay; timed fetch_kueue; timed fetch_prometheus_operator
   timed build_helm; timed build_helm_unittest; timed build_pod_security_check; timed fetch_promtool
   timed fetch_prometheus
 }
 
-TARGETS="all helm kubeconform helm-unittest kind k8s-schemas kuberay kuberay-operator-binary prometheus-operator promtool \
-prometheus pod-security-check kubernetes etcd kwok coredns pause cluster prometheus-k8s"
+TARGETS="all helm kubeconform helm-unittest kind k8s-schemas kuberay kuberay-operator-binary kueue kueue-binary \
+prometheus-operator promtool prometheus pod-security-check kubernetes etcd kwok coredns pause cluster prometheus-k8s"
 
 run_target() {
   case "$1" in
@@ -526,6 +563,8 @@ run_target() {
     k8s-schemas) with_lock all fetch_k8s_schemas ;;
     kuberay) with_lock all fetch_kuberay ;;
     kuberay-operator-binary) with_lock cluster build_kuberay_operator ;;
+    kueue) with_lock all fetch_kueue ;;
+    kueue-binary) with_lock cluster build_kueue ;;
     prometheus-operator) with_lock all fetch_prometheus_operator ;;
     promtool) with_lock all fetch_promtool ;;
     prometheus) with_lock all fetch_prometheus ;;

@@ -49,6 +49,9 @@ COREDNS_VERSION := 1.14.7
 # only its kubernetes_sd discovery: the cluster tier scrapes the chart's PodMonitors through it. Debian's
 # prometheus package (the live test, `make monitor`) is built without kubernetes_sd.
 PROMETHEUS_K8S_VERSION := 3.16.0
+# Kueue (sigs.k8s.io/kueue, Apache-2.0): queues, quotas and priorities for RayJobs (suspend until admitted), run
+# out of cluster by hack/cluster.sh; its CRDs also validate the chart's queue objects (tests/chart).
+KUEUE_VERSION := 0.17.0
 
 # Dashboard type check (tests/chart/test_chart_dashboard_schema.py): Grafana's published schema types (npm
 # @grafana/schema, Apache-2.0) checked by the TypeScript compiler, cached in $(RLP_CACHE)/grafana-schema-<v>-ts-<v>/.

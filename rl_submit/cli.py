@@ -9,8 +9,11 @@ One concern per step, each a unit a test can hold alone:
            one source of cluster shape; nothing here writes a pod spec
   fit      RLlib's resource request for that config (trainer.capacity.request) is placed on the nodes the rendered
            RayCluster may have (rl_submit.shape): a job its cluster can never hold is refused now, not after the trainer waited for nodes
+  queue    with --queue, the Kueue LocalQueue, priority class and ClusterQueue must exist and the queue's quota must
+           be able to hold the whole job (rl_submit.queue): a job that would wait for ever is refused
   submit   the `kubernetes` client creates it (kubeconfig context and namespace like kubectl, in-cluster in a pod)
-  watch    RayJob status, its pods and warning events, and the submitter pod's log until a terminal state
+  watch    RayJob status, its pods and warning events, and the submitter pod's log until a terminal state; a queued
+           job's place and Kueue's reason while it waits (suspended, no pods)
 
 Exit codes (the trainer's for a bad config, then the job's):
   0 SUCCEEDED  1 Hydra could not compose the overrides  2 a config value is invalid, or its cluster can never hold it
@@ -172,6 +175,7 @@ class Renderer:
     values: list[str] = field(default_factory=list)
     sets: list[str] = field(default_factory=list)
     existing_cluster: bool = False
+    job_values: dict[str, Any] = field(default_factory=dict)  # rayJob.* from flags (queue, priorityClass)
 
     def _template(self, template: str, sets: dict[str, Any], what: str) -> list[dict]:
         cmd = [self.helm, "template", self.release, self.chart, "--namespace", self.namespace, "--show-only", template]
@@ -191,7 +195,7 @@ class Renderer:
         return [d for d in yaml.safe_load_all(proc.stdout) if d]
 
     def render(self, **job: Any) -> dict:
-        job = {"enabled": True, **job}
+        job = {"enabled": True, **self.job_values, **job}
         sets = {"rayCluster.enabled": True} if self.existing_cluster else {}
         if self.existing_cluster:
             job["useExistingCluster"] = True
@@ -270,6 +274,84 @@ def check_fit(r: Renderer, rayjob: dict, cfg) -> None:
     why = misfit(request(cfg), groups(spec))
     if why:
         raise Problem(f"this job can never run on {where} ({r.describe()}): {why}", EXIT_INVALID)
+
+
+# -- queue -------------------------------------------------------------------------------------------------------
+def check_queue(kube: "Kube", rayjob: dict) -> None:
+    """A queued job's LocalQueue and priority class exist, and its ClusterQueue can ever admit it (rl_submit.queue).
+    Cluster-scoped objects a namespace user may not read (403) are left unchecked, saying so."""
+    from rl_submit import queue as kq
+
+    labels = rayjob["metadata"].get("labels") or {}
+    name, priority = labels.get(kq.QUEUE_LABEL), labels.get(kq.PRIORITY_LABEL)
+    if not name:
+        return
+    try:
+        lq = call(kube, "get localqueues.kueue.x-k8s.io", kube.custom.get_namespaced_custom_object, *kq.KUEUE,
+                  kube.namespace, "localqueues", name)
+    except NotFound as p:
+        raise Problem(f"no Kueue LocalQueue {name!r} in namespace {kube.namespace!r} (--queue; `kubectl get "
+                      "localqueues`; the chart makes one with kueue.enabled=true)"
+                      if "localqueues" in str(p) else f"Kueue is not installed on {kube.server}: {p}") from p
+
+    def cluster_obj(plural: str, obj: str) -> dict | None:
+        try:
+            return call(kube, f"get {plural}.kueue.x-k8s.io", kube.custom.get_cluster_custom_object, *kq.KUEUE,
+                        plural, obj)
+        except NotFound:
+            return None
+        except Problem as p:
+            if "forbidden" not in str(p):
+                raise
+            print(f"rl-submit: not checked against Kueue's {plural} (no read access): {p}", file=sys.stderr)
+            return {}
+
+    if priority and cluster_obj("workloadpriorityclasses", priority) is None:
+        raise Problem(f"no Kueue WorkloadPriorityClass {priority!r} (--priority; `kubectl get "
+                      "workloadpriorityclasses`)", EXIT_INVALID)
+    cq_name = (lq.get("spec") or {}).get("clusterQueue")
+    cq = cluster_obj("clusterqueues", cq_name)
+    if cq is None:
+        raise Problem(f"LocalQueue {name!r} feeds ClusterQueue {cq_name!r}, which does not exist: a job there would "
+                      "wait for ever")
+    if not cq or (cq.get("spec") or {}).get("cohortName"):
+        return  # unreadable, or may borrow from its cohort: how much it could ever give is not known here
+    flavors = {}
+    for g in cq["spec"].get("resourceGroups") or []:
+        for f in g.get("flavors") or []:
+            obj = cluster_obj("resourceflavors", f["name"])
+            if obj:
+                flavors[f["name"]] = obj
+    why = kq.never_admitted(kq.pod_sets(rayjob), cq, flavors)
+    if why:
+        raise Problem(f"this job can never be admitted from LocalQueue {name!r}: {why}", EXIT_INVALID)
+
+
+def queued_line(kube: "Kube", rayjob: dict) -> str | None:
+    """Where a suspended, queued RayJob stands in Kueue (rl_submit.queue.workload_line); None when it is not
+    queued, not suspended, or its Workload is not readable (yet)."""
+    from rl_submit import queue as kq
+
+    labels = rayjob["metadata"].get("labels") or {}
+    if not labels.get(kq.QUEUE_LABEL) or not rayjob["spec"].get("suspend"):
+        return None
+    uid = rayjob["metadata"].get("uid")
+    try:
+        mine = call(kube, "list workloads.kueue.x-k8s.io", kube.custom.list_namespaced_custom_object, *kq.KUEUE,
+                    kube.namespace, "workloads", label_selector=f"{kq.JOB_UID_LABEL}={uid}")["items"]
+        if not mine:
+            return f"queued in LocalQueue {labels[kq.QUEUE_LABEL]}: waiting for Kueue to create its Workload"
+        queue = (mine[0].get("spec") or {}).get("queueName")
+        every = call(kube, "list workloads.kueue.x-k8s.io", kube.custom.list_namespaced_custom_object, *kq.KUEUE,
+                     kube.namespace, "workloads")["items"]
+    except Problem as p:
+        return f"queued in LocalQueue {labels[kq.QUEUE_LABEL]} (its Workload is not readable: {p})"
+    pending = [w for w in every if (w.get("spec") or {}).get("queueName") == queue
+               and not any(c["type"] == "QuotaReserved" and c["status"] == "True"
+                           for c in (w.get("status") or {}).get("conditions") or [])
+               and not any(c["type"] == "Finished" and c["status"] == "True"
+                           for c in (w.get("status") or {}).get("conditions") or [])]
+    return kq.workload_line(mine[0], pending)
 
 
 # -- submit ------------------------------------------------------------------------------------------------------
@@ -397,6 +479,7 @@ def get(kube: Kube, plural: str, name: str) -> dict:
 
 def submit(kube: Kube, rayjob: dict) -> None:
     check_kuberay(kube)
+    check_queue(kube, rayjob)
     cluster = (rayjob["spec"].get("clusterSelector") or {}).get("ray.io/cluster")
     if cluster:  # else the RayJob would wait for a cluster that never comes
         try:
@@ -420,12 +503,13 @@ def image_problem(pod) -> str | None:
     return None
 
 
-def outcome(status: dict) -> int | None:
-    """Exit code for a terminal RayJob status; None while it is still going."""
+def outcome(status: dict, queued: bool = False) -> int | None:
+    """Exit code for a terminal RayJob status; None while it is still going. A queued job (Kueue) is Suspended while
+    it waits for admission or after a preemption: not an end."""
     dep, job = status.get("jobDeploymentStatus"), status.get("jobStatus")
     if dep == "ValidationFailed":
         return EXIT_NOT_SUBMITTED
-    if dep in ("Complete", "Failed", "Suspended"):
+    if dep in ("Complete", "Failed") or (dep == "Suspended" and not queued):
         if job == "SUCCEEDED" and dep == "Complete":
             return EXIT_SUCCEEDED
         return EXIT_STOPPED if job == "STOPPED" or dep == "Suspended" else EXIT_FAILED
@@ -497,14 +581,21 @@ class Watch:
             if now != last:
                 self.say(f"RayJob {now[0]}, Ray job {now[1]}" + (f": {st['message']}" if st.get("message") else ""))
                 last = now
+            queued = bool((obj["metadata"].get("labels") or {}).get("kueue.x-k8s.io/queue-name"))
+            waiting = queued_line(self.kube, obj) if queued else None
+            if waiting:
+                self.mark("queued")
+                self.say(waiting, once=True)
+            elif queued and obj["spec"].get("suspend") is False and "queued" in self.marks:
+                self.mark("admitted", "admitted by Kueue: unsuspended")
             cluster, selected = st.get("rayClusterName"), bool(obj["spec"].get("clusterSelector"))
-            if cluster:
+            if cluster and not waiting:
                 self.mark("raycluster", f"{'runs on' if selected else 'created'} RayCluster {cluster}")
                 self.check_ray_pods(cluster)
             self.check_submitter()
             # A selected cluster is shared: its events are not this job's.
             self.check_events(self.name if selected or not cluster else (self.name, cluster))
-            code = outcome(st)
+            code = outcome(st, queued)
             if code is not None:
                 self.mark("terminal")
                 for t in self._logs.values():
@@ -588,8 +679,10 @@ def cmd_submit(args) -> int:
         default = REPO / "k8s" / "values" / "cartpole.yaml"
         args.values = [str(default)] if default.exists() else []
     namespace = args.namespace or kube_namespace(args.kubeconfig, args.context) or "default"
+    job_values = {k: v for k, v in (("queue", args.queue), ("priorityClass", args.priority)) if v}
     renderer = Renderer(find_helm(args.helm), find_chart(args.chart), args.release, namespace, args.values,
-                        args.set or [], existing_cluster=args.use_existing_cluster or bool(args.cluster_selector))
+                        args.set or [], existing_cluster=args.use_existing_cluster or bool(args.cluster_selector),
+                        job_values=job_values)
     rayjob, cfg, output_dir = build_rayjob(renderer, args.overrides, args.name, args.cluster_selector)
     check_fit(renderer, rayjob, cfg)
     if args.dry_run:
@@ -628,6 +721,11 @@ def cmd_status(args) -> int:
     kube = connect(args.kubeconfig, args.context, args.namespace)
     obj = get_rayjob(kube, args.name)
     st = obj.get("status") or {}
+    queued = bool((obj["metadata"].get("labels") or {}).get("kueue.x-k8s.io/queue-name"))
+    waiting = queued_line(kube, obj) if queued else None
+    if waiting:
+        print(f"{args.name}: {waiting}")
+        return EXIT_SUCCEEDED
     line = f"{args.name}: {st.get('jobDeploymentStatus') or 'New'}, Ray job {st.get('jobStatus') or '-'}"
     if st.get("rayClusterName"):
         pods = call(kube, "list pods", kube.core.list_namespaced_pod, kube.namespace,
@@ -637,7 +735,7 @@ def cmd_status(args) -> int:
     why = ": ".join(x for x in (st.get("reason"), st.get("message")) if x)
     line += f"; {why}" if why else ""
     print(line)
-    code = outcome(st)
+    code = outcome(st, queued)
     return EXIT_SUCCEEDED if code is None else code
 
 
@@ -702,6 +800,12 @@ def parser() -> argparse.ArgumentParser:
                    help="run on the release's long-running RayCluster (clusterSelector) instead of a new one")
     p.add_argument("--cluster-selector", metavar="RAYCLUSTER",
                    help="run on this existing RayCluster (its shape is checked only when it is the release's)")
+    p.add_argument("--queue", metavar="LOCALQUEUE",
+                   help="wait in this Kueue LocalQueue until its quota admits the whole job (rayJob.queue); a job "
+                        "the queue can never admit is refused")
+    p.add_argument("--priority", metavar="CLASS",
+                   help="Kueue WorkloadPriorityClass of a queued job (rayJob.priorityClass): admitted before lower "
+                        "ones and may preempt them (they checkpoint and resume)")
     p.add_argument("--release", default="rl-platform", help="chart release the job belongs to (default: rl-platform)")
     p.add_argument("--chart", help="the rl-platform chart: a folder, .tgz or oci:// (default: the repo's "
                                    "charts/rl-platform, or $RL_PLATFORM_CHART)")
@@ -710,7 +814,8 @@ def parser() -> argparse.ArgumentParser:
 
 
 def sub_parser(cmd: str) -> argparse.ArgumentParser:
-    what = {"status": "one line: RayJob and Ray job state, its RayCluster, the reason (exit code as for a watch: "
+    what = {"status": "one line: RayJob and Ray job state, its RayCluster, the reason, or where a queued job stands "
+                      "in Kueue (exit code as for a watch: "
                       "0 running or SUCCEEDED, 4 FAILED, 5 STOPPED)",
             "logs": "the submitter pod's log (the trainer's output)",
             "stop": "delete the RayJob: KubeRay stops the Ray job and removes its RayCluster"}[cmd]

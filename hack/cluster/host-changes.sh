@@ -23,8 +23,9 @@ HOST_PATHS=(/var/lib/kubelet /var/log/pods /var/log/containers /var/lib/cni /etc
   "${RUN_DIR}")
 
 # Our daemons on the host (process names as /proc/PID/comm shows them): control plane (hack/cluster.sh; the KubeRay
-# operator's binary is `ray-operator`), the real node (node.sh), and what runs inside pods' sandboxes.
-HOST_DAEMONS=(etcd kube-apiserver kube-controller-manager kube-scheduler ray-operator kwok
+# operator's binary is `ray-operator`, Kueue's manager `kueue`), the real node (node.sh), and what runs inside pods'
+# sandboxes.
+HOST_DAEMONS=(etcd kube-apiserver kube-controller-manager kube-scheduler ray-operator kueue kwok
   containerd containerd-shim-runc-v2 kubelet kube-proxy coredns pause)
 
 # Also changed, by kind (each has its own cleanup in node.sh down / cluster.sh down): the bridge ${BRIDGE} and its

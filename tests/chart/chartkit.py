@@ -110,12 +110,13 @@ class Tools:
 
     # -- kubeconform --------------------------------------------------------------------------------------------
     def kubeconform(self, *paths: str, stdin: str | None = None) -> tuple[int, list[dict], str]:
-        """kubeconform -strict against Kubernetes + KubeRay + prometheus-operator schemas, all offline."""
+        """kubeconform -strict against Kubernetes + KubeRay + prometheus-operator + Kueue schemas, all offline."""
         schemas = [
             self.path("K8S_SCHEMAS")
             + "/{{ .NormalizedKubernetesVersion }}-local{{ .StrictSuffix }}/{{ .ResourceKind }}{{ .KindSuffix }}.json",
             self.path("KUBERAY_SCHEMAS") + "/{{ .ResourceKind }}_{{ .ResourceAPIVersion }}.json",
             self.path("PROMETHEUS_OPERATOR_SCHEMAS") + "/{{ .ResourceKind }}_{{ .ResourceAPIVersion }}.json",
+            self.path("KUEUE_SCHEMAS") + "/{{ .ResourceKind }}_{{ .ResourceAPIVersion }}.json",
         ]
         args = [self.path("KUBECONFORM"), "-strict", "-summary", "-output", "json", "-verbose",
                 "-kubernetes-version", self.kube_version]

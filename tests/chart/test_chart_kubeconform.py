@@ -1,5 +1,5 @@
-"""kubeconform -strict of every rendering and every file under k8s/ against Kubernetes, KubeRay and
-prometheus-operator schemas (all offline, built by `make tools`)."""
+"""kubeconform -strict of every rendering and every file under k8s/ against Kubernetes, KubeRay, prometheus-operator
+and Kueue schemas (all offline, built by `make tools`)."""
 
 import pytest
 import yaml
@@ -30,6 +30,8 @@ def test_rendered_chart_is_valid(tools, values):
         expected += ["PodMonitor", "PrometheusRule", "ConfigMap", "RayService"]
     if values and values.name == "gpu-learners-values.yaml":
         expected += ["RayJob", "PersistentVolumeClaim"]
+    if values and values.name == "kueue-values.yaml":
+        expected += ["RayJob", "LocalQueue", "ClusterQueue", "ResourceFlavor", "WorkloadPriorityClass"]
     if values and values.name == "hostpath-storage-values.yaml":
         expected += ["PersistentVolume", "PersistentVolumeClaim"]
     _assert_all_valid(rc, resources, out, expected)

@@ -36,19 +36,6 @@ def _helm() -> str | None:
         return None
 
 
-@pytest.fixture(scope="module")
-def built_helm() -> str:
-    """The pinned helm, once hack/tools.sh has built it (`make test` builds it in the background: this waits)."""
-    build = subprocess.run([str(ROOT / "hack" / "tools.sh"), "helm"], capture_output=True, text=True)
-    helm = _helm()
-    if helm is None:
-        msg = f"helm not built (`make tools`): hack/tools.sh helm exited {build.returncode}: {build.stderr[-1500:]}"
-        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-            pytest.fail(msg)
-        pytest.skip(msg)
-    return helm
-
-
 needs_helm = pytest.mark.usefixtures("built_helm")
 
 

@@ -25,7 +25,7 @@ help: ## List the targets
 $(VENV)/.installed: pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip setuptools wheel
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet -e '.[dev,envpool]'
 	@touch $@
 
 venv: $(VENV)/.installed ## Create .venv and install the project with its pinned dependencies

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Build rl-platform's container images (Dockerfile.cpu / Dockerfile.gpu) with a local Docker engine, without any
-# container registry:
+# Build rl-platform's container images (Dockerfile.cpu / Dockerfile.gpu, and docker/redis.Dockerfile: Debian's
+# redis-server 7.0 for Ray's GCS fault tolerance) with a local Docker engine, without any container registry:
 #   * starts `dockerd` when no engine answers (Debian docker.io; CI machines start with none running);
 #   * creates the base image (debian:bookworm-slim by default) with debootstrap -> `docker import` under the same
 #     tag when it is not present and cannot be pulled; the rootfs tar is cached per release/arch;
@@ -10,8 +10,8 @@
 #     docker/certs/ only for builds that reach a package index, and removes it afterwards. It is used by the
 #     builder stage only and never reaches the final image.
 #
-# Usage: hack/images.sh [COMMAND] [cpu|gpu ...]
-#   build [cpu|gpu...]   build the images (default: cpu)                            (make images / images-gpu)
+# Usage: hack/images.sh [COMMAND] [cpu|gpu|redis ...]
+#   build [cpu|gpu|redis...]  build the images (default: cpu)          (make images / images-gpu / images-redis)
 #   dockerd              make sure a Docker engine answers (start dockerd if needed)
 #   base                 make sure the base image exists (pull, else debootstrap -> docker import)
 #   wheels [cpu|gpu]     fill the host wheelhouse for the image's dependency set
@@ -23,7 +23,7 @@
 #
 # Environment (all optional):
 #   RLP_CACHE            cache root (default ~/.cache/rl-platform): base/ rootfs tars, wheels/<key>/ wheelhouses
-#   IMAGE_CPU IMAGE_GPU  tags (default: IMAGE_CPU / IMAGE_GPU of mk/versions.mk; the version part of the tag also
+#   IMAGE_CPU IMAGE_GPU IMAGE_REDIS  tags (default: those of mk/versions.mk; the version part of the tag also
 #                        becomes the image's org.opencontainers.image.version label)
 #   BASE_IMAGE           base image tag (default debian:bookworm-slim); created locally when missing
 #   DEBIAN_RELEASE       debootstrap suite for a locally made base (default bookworm; must give Python 3.11)
@@ -73,6 +73,7 @@ mkvar() { # mkvar NAME -> value of `NAME := value` in mk/versions.mk (empty when
 }
 IMAGE_CPU="${IMAGE_CPU:-$(mkvar IMAGE_CPU)}"
 IMAGE_GPU="${IMAGE_GPU:-$(mkvar IMAGE_GPU)}"
+IMAGE_REDIS="${IMAGE_REDIS:-$(mkvar IMAGE_REDIS)}"
 
 # This machine's package indexes (docker/host_indexes.py), read once: HOST_PKG_INDEX_URL, HOST_PKG_EXTRA_INDEX_URL,
 # HOST_APT_MIRROR, HOST_APT_SECURITY_MIRROR (empty when unset here).
@@ -101,7 +102,10 @@ pip_index_args() {
 
 image_of() {
   local image
-  case "$1" in cpu) image="${IMAGE_CPU}" ;; gpu) image="${IMAGE_GPU}" ;; *) die "unknown flavour '$1' (cpu|gpu)" ;; esac
+  case "$1" in
+    cpu) image="${IMAGE_CPU}" ;; gpu) image="${IMAGE_GPU}" ;; redis) image="${IMAGE_REDIS}" ;;
+    *) die "unknown flavour '$1' (cpu|gpu|redis)" ;;
+  esac
   [[ -n "${image}" ]] || die "no tag for the $1 image: mk/versions.mk has no IMAGE_${1^^} (or set IMAGE_${1^^})"
   echo "${image}"
 }
@@ -349,24 +353,31 @@ unstage_ca() { rm -f "${STAGED_CA}"; }
 cleanup() { stop_wheels; unstage_ca; }
 
 # ---------------------------------------------------------------------------------------------------- build
+dockerfile_of() { case "$1" in redis) echo docker/redis.Dockerfile ;; *) echo "Dockerfile.$1" ;; esac; }
+# Flavours whose build installs Python packages (the wheelhouse, the pip indexes); redis is apt only.
+uses_pip() { [[ "$1" != redis ]]; }
+
 build_one() { # build_one FLAVOUR
   local flavour="$1" image dockerfile idx wh_url="" wh_dir s
   image="$(image_of "${flavour}")"
-  dockerfile="Dockerfile.${flavour}"
+  dockerfile="$(dockerfile_of "${flavour}")"
   idx="$(torch_index_of "${flavour}")"
   local args=(--network host -f "${dockerfile}" -t "${image}" --build-arg "BASE_IMAGE=${BASE_IMAGE}"
     --build-arg "IMAGE_VERSION=$(image_version "${image}")"
     --label "org.opencontainers.image.revision=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)")
   if [[ -n "${idx}" ]]; then args+=(--build-arg "TORCH_INDEX_URL=${idx}"); fi
   local a
-  while IFS= read -r a; do args+=("${a}"); done < <(pip_index_args)
-  if [[ "${USE_WHEELHOUSE}" == 1 ]]; then
-    wh_dir="$(ensure_wheels "${flavour}")"
-    wh_url="http://127.0.0.1:${WHEELHOUSE_PORT}/$(basename "${wh_dir}")/"
-    args+=(--build-arg "WHEELHOUSE_URL=${wh_url}")
-    [[ -n "${SERVER_PID}" ]] || serve_wheels
-  else
-    stage_ca
+  # The redis image installs Debian packages only: the base image's apt sources (this machine's archives).
+  if uses_pip "${flavour}"; then
+    while IFS= read -r a; do args+=("${a}"); done < <(pip_index_args)
+    if [[ "${USE_WHEELHOUSE}" == 1 ]]; then
+      wh_dir="$(ensure_wheels "${flavour}")"
+      wh_url="http://127.0.0.1:${WHEELHOUSE_PORT}/$(basename "${wh_dir}")/"
+      args+=(--build-arg "WHEELHOUSE_URL=${wh_url}")
+      [[ -n "${SERVER_PID}" ]] || serve_wheels
+    else
+      stage_ca
+    fi
   fi
   log "building ${image} from ${dockerfile}${wh_url:+ (wheelhouse ${wh_url})}"
   s=${SECONDS}
@@ -480,7 +491,7 @@ main() {
       # The wheelhouse (network: pip) and the base image (network: debootstrap) are independent: fill in parallel.
       wpid=""
       if [[ "${USE_WHEELHOUSE}" == 1 ]]; then
-        ( for f in "${flavours[@]}"; do ensure_wheels "${f}" >/dev/null; done ) &
+        ( for f in "${flavours[@]}"; do if uses_pip "${f}"; then ensure_wheels "${f}" >/dev/null; fi; done ) &
         wpid=$!
       fi
       ensure_base

@@ -1,17 +1,17 @@
 # Container images (Dockerfile.cpu, Dockerfile.gpu): built by hack/images.sh with a local Docker engine, no registry.
-# See docker/README.md. Tags: IMAGE_CPU / IMAGE_GPU of mk/versions.mk (the only place they are written).
+# See docker/README.md. Tags: IMAGE_CPU / IMAGE_GPU / IMAGE_REDIS of mk/versions.mk (the only place they are written).
 IMAGES_SH ?= hack/images.sh
 # The kind cluster `make deploy-cluster` (mk/k8s.mk) creates.
 KIND_CLUSTER ?= rl-platform
 VENV ?= .venv
 PY ?= $(VENV)/bin/python
 # Exported so hack/images.sh and tests/containers use the same tags.
-export IMAGE_CPU IMAGE_GPU
+export IMAGE_CPU IMAGE_GPU IMAGE_REDIS
 
-.PHONY: images images-cpu images-gpu images-report images-pipcheck kind-load dockerd test-containers
+.PHONY: images images-cpu images-gpu images-redis images-report images-pipcheck kind-load dockerd test-containers
 
-images: ## Build both images (CPU ~6 min cold, GPU +1.5 min from its cache): dockerd, base image, wheelhouse
-	$(IMAGES_SH) build cpu gpu
+images: ## Build the images (CPU ~6 min cold, GPU +1.5 min from its cache, Redis <1 min): dockerd, base image, wheelhouse
+	$(IMAGES_SH) build cpu gpu redis
 
 images-cpu: ## Build the CPU image only (trainer + serving, 4.7 GB)
 	$(IMAGES_SH) build cpu
@@ -19,8 +19,11 @@ images-cpu: ## Build the CPU image only (trainer + serving, 4.7 GB)
 images-gpu: ## Build the GPU image only (CUDA torch from PyPI, 6.2 GB)
 	$(IMAGES_SH) build gpu
 
+images-redis: ## Build the Redis image only (Debian's redis-server 7.0, for Ray GCS fault tolerance; ~40 MB over the base)
+	$(IMAGES_SH) build redis
+
 images-report: ## Print image sizes and the largest layers
-	$(IMAGES_SH) report cpu gpu
+	$(IMAGES_SH) report cpu gpu redis
 
 images-pipcheck: ## Prove pip inside an image build trusts the extra CA bundle (RLP_CA_BUNDLE)
 	$(IMAGES_SH) pipcheck

@@ -37,6 +37,8 @@ KUBE_PROMETHEUS_STACK_VERSION := 79.0.0
 # Images built by the Dockerfiles in this repo.
 IMAGE_CPU := rl-platform:0.1.0-cpu
 IMAGE_GPU := rl-platform:0.1.0-gpu
+# Redis for Ray's GCS fault tolerance (docker/redis.Dockerfile: Debian bookworm's redis-server 7.0.x, BSD-3-Clause).
+IMAGE_REDIS := rl-platform:0.1.0-redis
 
 # The local cluster tier (hack/cluster.sh, `make cluster-up`): every component built from the Go module proxy
 # into $(RLP_CACHE)/tools/<component>-<version>/. One Kubernetes 1.34.x release for all its binaries: 1.35+ refuses

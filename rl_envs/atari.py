@@ -16,6 +16,14 @@ import numpy as np
 
 from rl_envs.envconfig import config_of
 
+# The preprocessing both backends apply (rl_envs.envpool_atari passes them to EnvPool). The gymnasium backend gets
+# them from RLlib's wrap_atari_for_new_api_stack, which fixes all but the frame skip and the sticky actions.
+FRAME_SKIP = 4
+NOOP_MAX = 30  # random no-op agent steps after a reset (RLlib's NoopResetEnv)
+EPISODIC_LIFE = True  # a lost life ends the episode (RLlib's EpisodicLifeEnv; Pong has no lives)
+MAX_EPISODE_FRAMES = 108_000  # RLlib's TimeLimit on the raw (frameskip=1) env
+STICKY_ACTION_PROB = 0.0  # ALE repeat_action_probability
+
 
 @dataclass
 class AtariConfig:
@@ -49,8 +57,8 @@ def make_atari(cfg: Mapping[str, Any]) -> gym.Env:
     gym.register_envs(ale_py)
     c = AtariConfig.of(cfg).check()
     game, dim = c.game, int(c.dim)
-    env = gym.make(game, frameskip=1, repeat_action_probability=0.0, full_action_space=False)
-    return wrap_atari_for_new_api_stack(env, dim=dim, framestack=None)
+    env = gym.make(game, frameskip=1, repeat_action_probability=STICKY_ACTION_PROB, full_action_space=False)
+    return wrap_atari_for_new_api_stack(env, dim=dim, frameskip=FRAME_SKIP, framestack=None)
 
 
 def preprocess_frame(rgb: np.ndarray, dim: int = AtariConfig.dim) -> np.ndarray:

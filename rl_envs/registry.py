@@ -8,6 +8,7 @@ from typing import Any, Callable, Mapping
 
 import gymnasium as gym
 
+GYMNASIUM = "gymnasium"  # the default backend: the env's own gymnasium.Env, vectorised by RLlib
 from rl_envs.atari import AtariConfig
 from rl_envs.trading import TradingConfig
 
@@ -28,6 +29,14 @@ class EnvSpec:
     # The greedy return at which the env counts as solved: the promotion gate's default floor for the lower end of
     # an evaluation's confidence interval (None = no floor unless `--min-return` is given).
     solved_return: float | None = None
+    # Backends other than "gymnasium" (always there): name -> (check(env_config) raising ValueError,
+    # make(env_config, num_envs, seed) -> a gymnasium VectorEnv stepping num_envs sub-envs at once).
+    vector_backends: Mapping[str, tuple[Callable[[Mapping[str, Any]], None], Callable[..., Any]]] = \
+        dataclasses.field(default_factory=dict)
+
+    @property
+    def backends(self) -> tuple[str, ...]:
+        return (GYMNASIUM, *self.vector_backends)
 
     def check_config(self, env_config: Mapping[str, Any]) -> None:
         """The env's own rules for a merged env_config, cheaply: its config class's check() where it has one, else
@@ -52,6 +61,18 @@ def _pong(cfg: Mapping[str, Any]) -> gym.Env:
     return make_atari(cfg)
 
 
+def _pong_envpool_check(cfg: Mapping[str, Any]) -> None:
+    from rl_envs.envpool_atari import check_envpool
+
+    check_envpool(cfg)
+
+
+def _pong_envpool(cfg: Mapping[str, Any], num_envs: int, seed: int | None = None):
+    from rl_envs.envpool_atari import make_envpool_atari
+
+    return make_envpool_atari(cfg, num_envs, seed=seed)
+
+
 def _trading(cfg: Mapping[str, Any]) -> gym.Env:
     from rl_envs.trading import TradingEnv
 
@@ -72,6 +93,7 @@ ENVS: dict[str, EnvSpec] = {
         framestack=4,
         config_class=AtariConfig,
         solved_return=18.0,  # the usual "solved" mark for Pong (max 21)
+        vector_backends={"envpool": (_pong_envpool_check, _pong_envpool)},
     ),
     "trading": EnvSpec(
         name="trading",
@@ -100,15 +122,37 @@ def make_env(name: str, env_config: Mapping[str, Any] | None = None) -> gym.Env:
     return get_spec(name).creator(merged_config(name, env_config))
 
 
-def register_with_ray(name: str) -> str:
-    """Register `name` with Ray Tune's registry under a project-prefixed id; returns the id."""
+def check_backend(name: str, backend: str, env_config: Mapping[str, Any] | None = None) -> None:
+    """`backend` exists for env `name` and can run its merged env_config (ValueError naming the problem)."""
+    spec = get_spec(name)
+    if backend not in (GYMNASIUM, "envpool") or backend not in spec.backends:
+        known = ", ".join(spec.backends)
+        if backend in (GYMNASIUM, "envpool"):
+            raise ValueError(f"env.backend={backend} is for Atari envs (pong); env {name!r} has: {known}")
+        raise ValueError(f"unknown env.backend {backend!r}; env {name!r} has: {known}")
+    if backend != GYMNASIUM:
+        spec.vector_backends[backend][0](merged_config(name, env_config))
+
+
+def register_with_ray(name: str, backend: str = GYMNASIUM) -> str:
+    """Register `name` with Ray Tune's registry under a project-prefixed id; returns the id.
+
+    A vector backend's creator returns the whole vector env when RLlib asks for one (`num_envs` in the context,
+    `gym_env_vectorize_mode=vector_entry_point`) and the gymnasium env otherwise (same spaces)."""
     from ray.tune.registry import register_env
 
     spec = get_spec(name)
-    env_id = f"rl_platform/{spec.name}"
+    env_id = f"rl_platform/{spec.name}" + ("" if backend == GYMNASIUM else f"@{backend}")
 
     def _creator(env_context):  # env_context is an EnvContext (a dict subclass)
-        return spec.creator(merged_config(name, dict(env_context)))
+        cfg = dict(env_context)
+        num_envs = cfg.pop("num_envs", None)
+        if backend == GYMNASIUM or num_envs is None:
+            return spec.creator(merged_config(name, cfg))
+        # Sub-env seeds of env runner w start at w * 10_007 (distinct runners, distinct episodes) unless RLlib
+        # resets with a seed (config.seed), which replaces it.
+        seed = getattr(env_context, "worker_index", 0) * 10_007 + getattr(env_context, "vector_index", 0)
+        return spec.vector_backends[backend][1](merged_config(name, cfg), int(num_envs), seed=seed)
 
     register_env(env_id, _creator)
     return env_id

@@ -14,6 +14,7 @@ from trainer.config import AlgoConf, TrainConfig
 from trainer.errors import TrainerError
 from trainer.metrics import TrainingMetrics
 from trainer.offline import OFFLINE_ALGOS, apply_offline
+from trainer.policy_lag import LAG_ALGOS, ActingWeightsVersion, PolicyLag
 from trainer.precision import apply_precision
 from trainer.resources import placement
 
@@ -125,7 +126,8 @@ def build_algo_config(cfg: TrainConfig, algo_overrides: dict[str, Any] | None = 
         spec = get_spec(env["name"])
     except KeyError as e:
         raise TrainerError(str(e.args[0])) from None
-    env_id = register_with_ray(spec.name)
+    backend = env.get("backend", "gymnasium")
+    env_id = register_with_ray(spec.name, backend)
 
     env_runner_kw, learner_kw = placement(cfg.resources)  # type: ignore[arg-type]
     cls = _algo_config_class(algo["name"])
@@ -150,18 +152,25 @@ def build_algo_config(cfg: TrainConfig, algo_overrides: dict[str, Any] | None = 
         # Reports the mean return of the last WINDOW training episodes (the usual "solved" criterion), then
         # exports it and the greedy evaluation return with the other training metrics on Ray's metrics port
         # (trainer/metrics.py).
-        .callbacks([LastNEpisodeReturns, EvalReturn, TrainingMetrics])
+        .callbacks([LastNEpisodeReturns, EvalReturn, PolicyLag, TrainingMetrics])
     )
     config = config.evaluation(**evaluation_kwargs(cfg.evaluation))
+    if backend != "gymnasium":  # the backend's creator returns the whole vector env (rl_envs.registry)
+        config = config.env_runners(gym_env_vectorize_mode="vector_entry_point")
     if algo["name"] in OFFLINE_ALGOS:  # trained from a transition log; the env above gives spaces and evaluation
         config = apply_offline(config, cfg)
+    learner_pieces = []  # classes, built in each learner
     if spec.framestack > 1:
         from ray.rllib.connectors.env_to_module.frame_stacking import FrameStackingEnvToModule
         from ray.rllib.connectors.learner.frame_stacking import FrameStackingLearner
 
         n = spec.framestack
         config = config.env_runners(env_to_module_connector=lambda env, spaces=None, device=None: FrameStackingEnvToModule(num_frames=n))
-        config = config.learners(learner_connector=lambda obs_space, act_space: FrameStackingLearner(num_frames=n))
+        learner_pieces.append(lambda: FrameStackingLearner(num_frames=n))
+    if algo["name"] in LAG_ALGOS:  # policy lag (trainer/policy_lag.py)
+        learner_pieces.append(ActingWeightsVersion)
+    if learner_pieces:
+        config = config.learners(learner_connector=lambda obs_space, act_space: [p() for p in learner_pieces])
     if cfg.seed is not None:
         config = config.debugging(seed=cfg.seed)
     return apply_precision(config, algo.get("precision", "fp32"))

@@ -9,7 +9,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainer.solved import EVAL_EPISODES_KEY, EVAL_RETURN_KEY, RETURN_MEAN_KEY, RETURN_WINDOW_KEY, WINDOW
+from trainer.solved import (EVAL_EPISODES_KEY, EVAL_RETURN_KEY, POLICY_LAG_KEY, RETURN_MEAN_KEY, RETURN_WINDOW_KEY,
+                            WINDOW)
 
 # Columns of progress.csv: one row per training iteration. eval_* are empty in iterations without an evaluation.
 COLUMNS = [
@@ -23,6 +24,8 @@ COLUMNS = [
     "env_steps_per_s",
     "eval_return_mean",
     "eval_episodes",
+    # APPO/IMPALA: learner updates the acting weights were behind (trainer/policy_lag.py); empty for the others.
+    "policy_lag",
 ]
 
 
@@ -44,7 +47,12 @@ def row_from_result(result: dict[str, Any], wall_s: float, iter_s: float, steps_
         # Greedy evaluation of this iteration (evaluation group); NaN / 0 without one.
         "eval_return_mean": math.nan if eval_ret is None else float(eval_ret),
         "eval_episodes": int(result.get(EVAL_EPISODES_KEY) or 0),
+        "policy_lag": _float(result.get(POLICY_LAG_KEY)),
     }
+
+
+def _float(value) -> float:
+    return float(value) if isinstance(value, (int, float)) else math.nan
 
 
 def _finite(value) -> bool:
@@ -76,7 +84,7 @@ class Progress:
         self.rows.append(row)
         tb = self._writer()
         step = row["env_steps"]
-        for key in ("episode_return_mean", "env_steps_per_s", "iter_s"):
+        for key in ("episode_return_mean", "env_steps_per_s", "iter_s", "policy_lag"):
             value = row[key]
             if _finite(value):
                 tb.add_scalar(f"train/{key}", value, step)
@@ -89,7 +97,8 @@ class Progress:
         w.writeheader()
         for r in self.rows:
             w.writerow({**r, "eval_return_mean": r["eval_return_mean"] if _finite(r.get("eval_return_mean")) else "",
-                        "eval_episodes": r["eval_episodes"] if _finite(r.get("eval_return_mean")) else ""})
+                        "eval_episodes": r["eval_episodes"] if _finite(r.get("eval_return_mean")) else "",
+                        "policy_lag": r["policy_lag"] if _finite(r.get("policy_lag")) else ""})
         return buf.getvalue().encode()
 
     def flush(self) -> None:
@@ -118,6 +127,7 @@ def read_csv_rows(data: bytes) -> list[dict[str, Any]]:
                 "env_steps_per_s": float(r["env_steps_per_s"]),
                 "eval_return_mean": float(r.get("eval_return_mean") or "nan"),
                 "eval_episodes": int(r.get("eval_episodes") or 0),
+                "policy_lag": float(r.get("policy_lag") or "nan"),
             }
         )
     return rows

@@ -137,6 +137,9 @@ class EnvConf:
     num_envs_per_env_runner: int = 1
     # Env steps per env per sample call; "auto" lets RLlib derive it from the train batch size.
     rollout_fragment_length: Any = "auto"
+    # How env runners step their sub-envs: gymnasium (the env's gymnasium.Env, vectorised by RLlib) or envpool
+    # (Atari only: one batched C++ ALE pool per env runner, same preprocessing; rl_envs/envpool_atari.py).
+    backend: str = "gymnasium"
 
 
 @dataclass

@@ -16,6 +16,8 @@ or the Tune trial actor. Ray prefixes every name with `ray_`; counters gain `_to
 | ray_rl_train_env_runner_restarts                   | gauge   | env runner restarts in this run (fault tolerance)  |
 | ray_rl_train_learners_healthy / _expected          | gauge   | learners alive / configured (a local learner is 1) |
 | ray_rl_train_last_checkpoint_timestamp_seconds     | gauge   | unix time of the last complete checkpoint          |
+| ray_rl_train_policy_lag                            | gauge   | learner updates the acting weights were behind     |
+|                                                    |         | (PPO 0, APPO/IMPALA; trainer/policy_lag.py)        |
 
 Tags: `env`, `algo` and `trial` (the Tune trial id; "default" outside Tune). Ages are `time() - <timestamp>` in
 PromQL: a timestamp stays right while nobody updates it, an exported "age" would freeze when the trainer hangs.
@@ -29,6 +31,7 @@ import time
 from ray.rllib.callbacks.callbacks import RLlibCallback
 
 from trainer.callbacks import EVAL_RETURN_KEY, RETURN_MEAN_KEY
+from trainer.solved import POLICY_LAG_KEY
 
 NAMES = {
     "return_mean": "rl_train_episode_return_mean",
@@ -45,6 +48,7 @@ NAMES = {
     "learners_healthy": "rl_train_learners_healthy",
     "learners_expected": "rl_train_learners_expected",
     "last_checkpoint": "rl_train_last_checkpoint_timestamp_seconds",
+    "policy_lag": "rl_train_policy_lag",
 }
 TAG_KEYS = ("env", "algo", "trial")
 
@@ -94,6 +98,8 @@ class TrainingMetrics(RLlibCallback):
         self.learners_healthy = gauge("learners_healthy", "Learners alive (a local learner counts 1).")
         self.learners_expected = gauge("learners_expected", "Learners configured (a local learner counts 1).")
         self.last_checkpoint = gauge("last_checkpoint", "Unix time of the last complete checkpoint.")
+        self.policy_lag = gauge("policy_lag", "Learner updates the weights that acted behind the latest trained batch "
+                                              "were behind (APPO/IMPALA; 0 for PPO).")
         self._tags: dict[str, str] | None = None
         self._steps = 0
 
@@ -127,6 +133,9 @@ class TrainingMetrics(RLlibCallback):
             sampled = (result.get("env_runners") or {}).get("num_env_steps_sampled")
             if isinstance(sampled, (int, float)) and math.isfinite(sampled):
                 self.env_steps_per_s.set(float(sampled) / it, tags)
+        lag = result.get(POLICY_LAG_KEY)
+        if isinstance(lag, (int, float)) and math.isfinite(lag):
+            self.policy_lag.set(float(lag), tags)
         upd = _seconds(timers.get("learner_update_timer"))
         if upd is not None:
             self.learner_update_s.set(upd, tags)

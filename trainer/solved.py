@@ -20,6 +20,8 @@ WINDOW = 20
 # result["evaluation"] repeats the last evaluation in the iterations after it.)
 EVAL_RETURN_KEY = "eval_return_mean"
 EVAL_EPISODES_KEY = "eval_episodes"
+# APPO/IMPALA: learner updates the acting weights were behind in the latest update (trainer.policy_lag), NaN else.
+POLICY_LAG_KEY = "policy_lag"
 
 
 def eval_of(evaluation) -> tuple[float, int]:

@@ -86,6 +86,16 @@ def validate(cfg) -> None:
     rfl = cfg.env.rollout_fragment_length
     if rfl != "auto" and (isinstance(rfl, bool) or not isinstance(rfl, int) or rfl < 1):
         raise TrainerError(f"env.rollout_fragment_length must be \"auto\" or an integer >= 1, got {rfl!r}")
+    if a.name == "appo" and a.get("minibatch_size"):
+        # APPO (IMPALA underneath) trains on whole rollout fragments: RLlib needs minibatch_size to be a multiple
+        # of the fragment length (and raises a TypeError on "auto", the default).
+        if rfl == "auto":
+            raise TrainerError(f"algo.minibatch_size={a.minibatch_size} with {a.name} needs an integer "
+                               "env.rollout_fragment_length that divides it (it is \"auto\")")
+        if a.minibatch_size % rfl or a.minibatch_size > a.train_batch_size:
+            raise TrainerError(f"algo.minibatch_size ({a.minibatch_size}) must be a multiple of "
+                               f"env.rollout_fragment_length ({rfl}) and at most algo.train_batch_size "
+                               f"({a.train_batch_size}) for {a.name}")
     if cfg.debug.timeline and "://" in cfg.debug.timeline:
         raise TrainerError(f"debug.timeline must be a local file path, not {cfg.debug.timeline!r}")
     if cfg.checkpoint.every_n_iterations < 0 or cfg.checkpoint.keep < 1:
@@ -157,11 +167,17 @@ def _check_env_config(cfg) -> None:
     """The env's own rules for env.env_config (rl_envs), now rather than in every env runner after Ray started."""
     from rl_envs.registry import get_spec, merged_config
 
+    from rl_envs.registry import check_backend
+
     env_config = OmegaConf.to_container(cfg.env.env_config, resolve=True)
     try:
         get_spec(cfg.env.name).check_config(merged_config(cfg.env.name, env_config))
     except (ValueError, TypeError) as e:
         raise TrainerError(f"env.env_config: {e}") from None
+    try:
+        check_backend(cfg.env.name, cfg.env.backend, env_config)
+    except ValueError as e:
+        raise TrainerError(str(e)) from None
 
 
 SAMPLERS = ("loguniform", "uniform", "choice", "randint", "grid_search")  # tune.param_space value forms

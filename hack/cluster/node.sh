@@ -27,7 +27,7 @@
 # (its CRI streaming server on 127.0.0.1, random port). hack/cluster/node-smoke.sh checks real pods on it.
 #
 # Environment (all optional):
-#   RLP_NODE_IMAGES        docker images imported into containerd (default: IMAGE_CPU of mk/versions.mk; built with
+#   RLP_NODE_IMAGES        docker images imported into containerd (default: IMAGE_CPU and IMAGE_REDIS of mk/versions.mk; built with
 #                          hack/images.sh when Docker lacks it). "" imports none besides the pause image.
 #   RLP_NODE_KEEP_IMAGES   1 (default): `down` keeps the containerd image store; 0: removes it too.
 #   RLP_NODE_KEEP_LAYERS   0 (default): once an image is unpacked, its layer blobs leave the content store (what
@@ -89,7 +89,8 @@ load_tools() {
   fi
   KUBELET="${K8S_BIN}/kubelet"; KUBE_PROXY="${K8S_BIN}/kube-proxy"; KUBECTL="${K8S_BIN}/kubectl"
   IMAGE_CPU="$(sed -n 's/^IMAGE_CPU[[:space:]]*:=[[:space:]]*\([^[:space:]]*\).*/\1/p' "${RLP_ROOT}/mk/versions.mk")"
-  NODE_IMAGES="${RLP_NODE_IMAGES-${IMAGE_CPU}}"
+  IMAGE_REDIS="$(sed -n 's/^IMAGE_REDIS[[:space:]]*:=[[:space:]]*\([^[:space:]]*\).*/\1/p' "${RLP_ROOT}/mk/versions.mk")"
+  NODE_IMAGES="${RLP_NODE_IMAGES-${IMAGE_CPU} ${IMAGE_REDIS}}"
 }
 need_tools() {
   local f
@@ -523,9 +524,11 @@ up_images() {
     fi
     want="$(docker image inspect -f '{{.Id}}' "${img}" 2>/dev/null || true)"
     if [[ -z "${want}" ]]; then
-      [[ "${img}" == "${IMAGE_CPU}" ]] || die "docker has no image ${img} (RLP_NODE_IMAGES)"
-      log "docker has no ${img}: building it (hack/images.sh build cpu; cold ~6 min)"
-      t=${SECONDS}; "${RLP_ROOT}/hack/images.sh" build cpu; notes+=("${img} built $((SECONDS - t))s")
+      local flavour=""
+      case "${img}" in "${IMAGE_CPU}") flavour=cpu ;; "${IMAGE_REDIS}") flavour=redis ;; esac
+      [[ -n "${flavour}" ]] || die "docker has no image ${img} (RLP_NODE_IMAGES)"
+      log "docker has no ${img}: building it (hack/images.sh build ${flavour}; cpu cold ~6 min)"
+      t=${SECONDS}; "${RLP_ROOT}/hack/images.sh" build "${flavour}"; notes+=("${img} built $((SECONDS - t))s")
       want="$(docker image inspect -f '{{.Id}}' "${img}")"
     fi
     if [[ "${have}" == "${want}" ]]; then notes+=("${img} present ${want:7:12}"); continue; fi

@@ -44,3 +44,23 @@ def test_replicas_outside_min_max_fail_with_the_group_name(tools):
     proc = tools.template(sets={"workerGroups.rollout-cpu.replicas": 9}, check=False)
     assert proc.returncode != 0
     assert "workerGroups.rollout-cpu: replicas (9) must lie between minReplicas (1) and maxReplicas (8)" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    "sets, expected",
+    [
+        ({"gcsFaultTolerance.redisAddress": "redis with spaces", "gcsFaultTolerance.passwordSecret.name": "s"},
+         "at '/gcsFaultTolerance/redisAddress'"),
+        # An external Redis without the Secret of its password: refused by the schema (the template says it too).
+        ({"gcsFaultTolerance.redisAddress": "redis.example.internal:6379"},
+         "at '/gcsFaultTolerance/passwordSecret/name': minLength: got 0, want 1"),
+        ({"gcsFaultTolerance.redis.persistence.size": "lots"}, "at '/gcsFaultTolerance/redis/persistence/size'"),
+        ({"gcsFaultTolerance.waitForRedisSeconds": -1}, "at '/gcsFaultTolerance/waitForRedisSeconds': minimum"),
+        ({"gcsFaultTolerance.rayservice": True}, "at '/gcsFaultTolerance': additional properties 'rayservice'"),
+    ],
+    ids=["address-not-host-port", "external-redis-without-secret", "bad-claim-size", "negative-wait", "typo"],
+)
+def test_invalid_gcs_fault_tolerance_values_are_rejected(tools, sets, expected):
+    proc = tools.template(sets=sets, check=False)
+    assert proc.returncode != 0, f"accepted {sets}"
+    assert expected in proc.stderr, proc.stderr

@@ -32,6 +32,8 @@ def test_values_match_the_pinned_images_and_ray():
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     assert values["ray"]["version"] == v["RAY_VERSION"]
     assert f"{values['image']['cpu']['repository']}:{values['image']['cpu']['tag']}" == v["IMAGE_CPU"]
+    redis = values["gcsFaultTolerance"]["redis"]["image"]
+    assert f"{redis['repository']}:{redis['tag']}" == v["IMAGE_REDIS"]
     assert f"{values['image']['gpu']['repository']}:{values['image']['gpu']['tag']}" == v["IMAGE_GPU"]
     assert values["image"]["pullPolicy"] == "IfNotPresent"
 
@@ -91,7 +93,7 @@ def test_copies_that_cannot_be_derived_agree_with_versions_mk():
 
     v = versions()
     image_version = _image_version(v["IMAGE_CPU"])
-    assert _image_version(v["IMAGE_GPU"]) == image_version
+    assert _image_version(v["IMAGE_GPU"]) == image_version == _image_version(v["IMAGE_REDIS"])
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     assert project["version"] == image_version
     ray_pins = [d for d in project["dependencies"] if re.match(r"ray(\[|==)", d)]
@@ -105,14 +107,14 @@ def test_copies_that_cannot_be_derived_agree_with_versions_mk():
 def test_every_image_tag_and_ray_pin_in_the_repo_is_the_pinned_one():
     """Docs, generated manifests, helm-unittest suites and scripts may spell the tags; none may drift."""
     v = versions()
-    tag = re.compile(r"\brl-platform:(\d[\w.]*)-(cpu|gpu)\b")
+    tag = re.compile(r"\brl-platform:(\d[\w.]*)-(cpu|gpu|redis)\b")
     pin = re.compile(r"\bray(?:\[[a-z,]+\])?==(\d+\.\d+\.\d+)")
     offenders = []
     for rel, text in _tracked_text_files():
         if rel == "mk/versions.mk":
             continue
         for m in tag.finditer(text):
-            if m.group(0) != v["IMAGE_CPU" if m.group(2) == "cpu" else "IMAGE_GPU"]:
+            if m.group(0) != v[f"IMAGE_{m.group(2).upper()}"]:
                 offenders.append(f"{rel}: {m.group(0)}")
         for m in pin.finditer(text):
             if m.group(1) != v["RAY_VERSION"]:
@@ -123,9 +125,9 @@ def test_every_image_tag_and_ray_pin_in_the_repo_is_the_pinned_one():
 def test_dockerfiles_and_build_scripts_derive_the_image_version():
     """The image version is not written in the Dockerfiles, mk/images.mk or hack/images.sh: it comes from the tag."""
     image_version = _image_version(versions()["IMAGE_CPU"])
-    for rel in ("Dockerfile.cpu", "Dockerfile.gpu", "mk/images.mk", "hack/images.sh"):
+    for rel in ("Dockerfile.cpu", "Dockerfile.gpu", "docker/redis.Dockerfile", "mk/images.mk", "hack/images.sh"):
         text = (ROOT / rel).read_text()
         assert not re.search(rf"(?<![\d.]){re.escape(image_version)}(?![\d.])", text), rel
-    for rel in ("Dockerfile.cpu", "Dockerfile.gpu"):
+    for rel in ("Dockerfile.cpu", "Dockerfile.gpu", "docker/redis.Dockerfile"):
         assert 'org.opencontainers.image.version="${IMAGE_VERSION}"' in (ROOT / rel).read_text()
     assert '--build-arg "IMAGE_VERSION=$(image_version "${image}")"' in (ROOT / "hack/images.sh").read_text()

@@ -107,6 +107,19 @@ class Cluster:
                 p for p in self.core.list_namespaced_pod(NAMESPACE).items
                 if (p.metadata.labels or {}).get("ray.io/cluster", "").startswith(name)], timeout)
 
+            # And the object itself: KubeRay's finalizers keep it after its pods (GCS fault tolerance: until the
+            # Redis clean-up Job of its RayCluster ends), and an apply meanwhile would only patch the dying object.
+            def gone():
+                try:
+                    self.ray(plural, name)
+                except ApiException as e:
+                    if e.status == 404:
+                        return True
+                    raise
+                return None
+
+            wait_until(f"{plural}/{name} to be deleted", gone, timeout)
+
 
 def all_scheduled(pods: list) -> bool:
     return bool(pods) and all(any(c.type == "PodScheduled" and c.status == "True" for c in (p.status.conditions or []))
@@ -195,3 +208,75 @@ def pong_cpu_job() -> str:
     return sh(helm_path(), "template", "rl-platform", str(ROOT / "charts" / "rl-platform"), "--namespace", NAMESPACE,
               "-f", str(values), "--set-json", f"rayJob.overrides={json.dumps(overrides)}",
               "--show-only", "templates/rayjob.yaml").stdout
+
+
+# -- Kueue (test_1c_queue, test_2f_queue_preemption) ----------------------------------------------------------------
+QUEUE_RELEASE = "qtest"            # the chart release the test queues are rendered as (not the deployed one)
+CARTPOLE_VALUES = ROOT / "k8s" / "values" / "cartpole.yaml"
+
+
+def rl_submit(c: Cluster, *args: str, timeout: float = 180, check: int | None = None) -> subprocess.CompletedProcess:
+    """The console script as a user runs it, against this cluster."""
+    exe = ROOT / ".venv" / "bin" / "rl-submit"
+    cmd = [str(exe)] if exe.exists() else [str(ROOT / ".venv" / "bin" / "python"), "-m", "rl_submit"]
+    proc = subprocess.run(cmd + list(args), cwd=ROOT, env={**os.environ, **c.env}, capture_output=True, text=True,
+                          timeout=timeout)
+    if check is not None:
+        assert proc.returncode == check, f"rl-submit {' '.join(args)} exited {proc.returncode}:\n{proc.stderr[-3000:]}"
+    return proc
+
+
+def one_job_quota() -> dict[str, str]:
+    """The summed requests of every pod of one CartPole job (Kueue admits them at once), rounded up a little: room
+    for one such job and not for two."""
+    from rl_submit.queue import pod_sets
+
+    job = yaml.safe_load(sh(helm_path(), "template", QUEUE_RELEASE, str(ROOT / "charts" / "rl-platform"),
+                            "--namespace", NAMESPACE, "-f", str(CARTPOLE_VALUES), "--set", "rayJob.enabled=true",
+                            "--show-only", "templates/rayjob.yaml").stdout)
+    cpu = sum(p.count * p.requests.get("cpu", 0) for p in pod_sets(job))
+    mem = sum(p.count * p.requests.get("memory", 0) for p in pod_sets(job))
+    return {"cpu": f"{int(cpu * 1000) + 100}m", "memory": f"{int(mem / 2**20) + 512}Mi", "nvidia.com/gpu": "0"}
+
+
+def queue_manifest(local_queue: str, cluster_queue: str, cpu_quota: dict, tmp: Path) -> str:
+    """The chart's Kueue objects (templates/kueue.yaml) for a test queue: a cpu flavor with `cpu_quota`, a gpu flavor
+    with one GPU, priorities qtest-high (1000) and qtest-low (100)."""
+    values = {"kueue": {"enabled": True, "localQueue": local_queue, "clusterQueue": {
+        "name": cluster_queue, "flavors": [
+            {"name": "cpu", "nodeLabels": {"rl-platform.io/pool": "cpu"}, "quota": cpu_quota},
+            {"name": "gpu", "nodeLabels": {"rl-platform.io/pool": "gpu"},
+             "nodeTaints": [{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}],
+             "quota": {"cpu": "16", "memory": "64Gi", "nvidia.com/gpu": "1"}}]},
+        # helm merges maps: null drops the chart's default classes (the deployed release owns those).
+        "priorityClasses": {"qtest-high": 1000, "qtest-low": 100, "training-high": None, "training-low": None}}}
+    f = tmp / "queue-values.yaml"
+    f.write_text(yaml.safe_dump(values))
+    return sh(helm_path(), "template", QUEUE_RELEASE, str(ROOT / "charts" / "rl-platform"), "--namespace", NAMESPACE,
+              "-f", str(f), "--show-only", "templates/kueue.yaml").stdout
+
+
+def job_pods(c: Cluster, name: str) -> list[str]:
+    """Every pod of RayJob `name`: its RayCluster's (ray.io/cluster=<name>-xxxxx) and its submitter Job's."""
+    return [p.metadata.name for p in c.core.list_namespaced_pod(NAMESPACE).items
+            if (p.metadata.labels or {}).get("ray.io/cluster", "").startswith(name)
+            or (p.metadata.labels or {}).get("job-name") == name]
+
+
+def workload(c: Cluster, name: str) -> dict | None:
+    """Kueue's Workload of RayJob `name` (None before Kueue made it)."""
+    from rl_submit.queue import JOB_UID_LABEL, KUEUE
+
+    uid = c.ray("rayjobs", name)["metadata"]["uid"]
+    items = c.custom.list_namespaced_custom_object(*KUEUE, NAMESPACE, "workloads",
+                                                  label_selector=f"{JOB_UID_LABEL}={uid}")["items"]
+    return items[0] if items else None
+
+
+def workload_condition(c: Cluster, name: str, kind: str) -> dict:
+    wl = workload(c, name) or {}
+    return next((x for x in (wl.get("status") or {}).get("conditions") or [] if x["type"] == kind), {})
+
+
+def quota_reserved(c: Cluster, name: str) -> bool:
+    return workload_condition(c, name, "QuotaReserved").get("status") == "True"

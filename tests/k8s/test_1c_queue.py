@@ -10,50 +10,20 @@ What only real pods show (SUCCEEDED in turn, a preempted trainer resuming from i
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import time
 
 import pytest
-import yaml
 
-from kubekit import NAMESPACE, ROOT, Cluster, dump, helm_path, sh, wait_until
-from rl_submit.queue import KUEUE, pod_sets
+from kubekit import (CARTPOLE_VALUES, NAMESPACE, ROOT, Cluster, dump, job_pods, one_job_quota, quota_reserved,
+                     queue_manifest, rl_submit, wait_until, workload, workload_condition)
 
-RL_SUBMIT = ROOT / ".venv" / "bin" / "rl-submit"
 PREFIX = "rl-platform-q-"       # every RayJob this module creates
-RELEASE = "qtest"               # the chart release the test queue objects are rendered as (not the deployed one)
 QUEUE, CQ = "one-job", "qtest-one-job"
-CARTPOLE = ROOT / "k8s" / "values" / "cartpole.yaml"
+CARTPOLE = CARTPOLE_VALUES
 PONG = ROOT / "k8s" / "values" / "pong.yaml"
 # Pong with a GPU learner and one rollout pod: its CPU pods fit the one-CartPole-job quota of the cpu flavor.
 PONG_GPU = ("-f", str(PONG), "--set", "workerGroups.rollout-cpu.replicas=1", "--set", "workerGroups.rollout-cpu.minReplicas=1",
             "--set", "workerGroups.rollout-cpu.maxReplicas=1", "resources.num_env_runners=1")
-
-
-def rl_submit(c: Cluster, *args: str, timeout: float = 180, check: int | None = None) -> subprocess.CompletedProcess:
-    cmd = [str(RL_SUBMIT)] if RL_SUBMIT.exists() else [str(ROOT / ".venv" / "bin" / "python"), "-m", "rl_submit"]
-    proc = subprocess.run(cmd + list(args), cwd=ROOT, env={**os.environ, **c.env}, capture_output=True, text=True,
-                          timeout=timeout)
-    if check is not None:
-        assert proc.returncode == check, f"rl-submit {' '.join(args)} exited {proc.returncode}:\n{proc.stderr[-3000:]}"
-    return proc
-
-
-def render(*args: str) -> list[dict]:
-    out = sh(helm_path(), "template", RELEASE, str(ROOT / "charts" / "rl-platform"), "--namespace", NAMESPACE,
-             *args).stdout
-    return [d for d in yaml.safe_load_all(out) if d]
-
-
-def one_job_quota() -> dict[str, str]:
-    """The summed requests of every pod of one CartPole job (what Kueue admits at once), rounded up a little: room
-    for one such job and not for two."""
-    (job,) = render("-f", str(CARTPOLE), "--set", "rayJob.enabled=true", "--show-only", "templates/rayjob.yaml")
-    cpu = sum(p.count * p.requests.get("cpu", 0) for p in pod_sets(job))
-    mem = sum(p.count * p.requests.get("memory", 0) for p in pod_sets(job))
-    return {"cpu": f"{int(cpu * 1000) + 100}m", "memory": f"{int(mem / 2**20) + 512}Mi", "nvidia.com/gpu": "0"}
 
 
 @pytest.fixture(scope="module")
@@ -61,23 +31,13 @@ def c(cluster_a: Cluster, tmp_path_factory):
     """The test queue (rendered from the chart: a cpu flavor with room for one CartPole job, a gpu flavor with one
     GPU, priorities) applied to the Level A cluster; everything it made is deleted afterwards."""
     quota = one_job_quota()
-    values = {"kueue": {"enabled": True, "localQueue": QUEUE, "clusterQueue": {
-        "name": CQ, "flavors": [
-            {"name": "cpu", "nodeLabels": {"rl-platform.io/pool": "cpu"}, "quota": quota},
-            {"name": "gpu", "nodeLabels": {"rl-platform.io/pool": "gpu"},
-             "nodeTaints": [{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}],
-             "quota": {"cpu": "16", "memory": "64Gi", "nvidia.com/gpu": "1"}}]},
-        # helm merges maps: null drops the chart's default classes (the deployed release owns those).
-        "priorityClasses": {"qtest-high": 1000, "qtest-low": 100, "training-high": None, "training-low": None}}}
-    f = tmp_path_factory.mktemp("queue") / "values.yaml"
-    f.write_text(yaml.safe_dump(values))
-    manifest = yaml.safe_dump_all(render("-f", str(f), "--show-only", "templates/kueue.yaml"))
+    manifest = queue_manifest(QUEUE, CQ, quota, tmp_path_factory.mktemp("queue"))
     cluster_a.kubectl("apply", "--server-side", "-f", "-", input=manifest)
     cluster_a.figures["kueue_test_queue_quota"] = quota
     yield cluster_a
-    for job in cluster_a.ray_list("rayjobs"):
-        if job["metadata"]["name"].startswith(PREFIX):
-            cluster_a.delete_ray("rayjobs", job["metadata"]["name"], wait_pods=False)
+    for j in cluster_a.ray_list("rayjobs"):
+        if j["metadata"]["name"].startswith(PREFIX):
+            cluster_a.delete_ray("rayjobs", j["metadata"]["name"], wait_pods=False)
     cluster_a.kubectl("delete", "--ignore-not-found", "--wait=false", "-f", "-", input=manifest, check=False)
 
 
@@ -90,30 +50,16 @@ def suspended(c: Cluster, name: str) -> bool:
 
 
 def own_pods(c: Cluster, name: str) -> list[str]:
-    """Every pod of RayJob `name`: its RayCluster's (ray.io/cluster=<name>-xxxxx) and its submitter Job's."""
-    full = PREFIX + name
-    return [p.metadata.name for p in c.core.list_namespaced_pod(NAMESPACE).items
-            if (p.metadata.labels or {}).get("ray.io/cluster", "").startswith(full)
-            or (p.metadata.labels or {}).get("job-name") == full]
-
-
-def workload(c: Cluster, name: str) -> dict | None:
-    uid = job(c, name)["metadata"]["uid"]
-    items = c.custom.list_namespaced_custom_object(*KUEUE, NAMESPACE, "workloads",
-                                                  label_selector=f"kueue.x-k8s.io/job-uid={uid}")["items"]
-    return items[0] if items else None
+    return job_pods(c, PREFIX + name)
 
 
 def reserved(c: Cluster, name: str) -> bool:
-    wl = workload(c, name)
-    return bool(wl) and any(x["type"] == "QuotaReserved" and x["status"] == "True"
-                            for x in (wl.get("status") or {}).get("conditions") or [])
+    return quota_reserved(c, PREFIX + name)
 
 
 def pending_reason(c: Cluster, name: str) -> str:
-    wl = workload(c, name) or {}
-    return next((x.get("message", "") for x in (wl.get("status") or {}).get("conditions") or []
-                 if x["type"] == "QuotaReserved" and x["status"] == "False"), "")
+    cond = workload_condition(c, PREFIX + name, "QuotaReserved")
+    return cond.get("message", "") if cond.get("status") == "False" else ""
 
 
 def submit(c: Cluster, name: str, *args: str) -> None:
@@ -134,7 +80,7 @@ def test_three_jobs_at_once_run_one_at_a_time_and_the_waiting_ones_have_no_pods(
     wait_until(f"the admitted job {running} to get pods", lambda: own_pods(c, running), 120)
     for n in waiting:
         wait_until(f"Kueue's reason for {n}", lambda n=n: "insufficient unused quota" in pending_reason(c, n), 60,
-                   on_timeout=lambda n=n: dump(workload(c, n)))
+                   on_timeout=lambda n=n: dump(workload(c, PREFIX + n)))
         assert suspended(c, n) and own_pods(c, n) == [], (n, own_pods(c, n))
         assert not job(c, n).get("status", {}).get("rayClusterName") or not [
             r for r in c.ray_list("rayclusters") if r["metadata"]["name"].startswith(PREFIX + n)]
@@ -148,7 +94,6 @@ def test_three_jobs_at_once_run_one_at_a_time_and_the_waiting_ones_have_no_pods(
     # They run in turn: the next is admitted only once the running one has ended (Level A: FAILED, no Ray in the
     # pods) or been stopped, and never two at a time.
     order = [running]
-    order_line = [lines[n] for n in waiting]
     nxt = sorted(waiting, key=lambda n: lines[n].split("position ")[1])
     for i, n in enumerate(nxt):
         prev = order[-1]
@@ -161,7 +106,7 @@ def test_three_jobs_at_once_run_one_at_a_time_and_the_waiting_ones_have_no_pods(
         t = time.monotonic()
         wait_until(f"Kueue to admit {n} after {prev}", lambda n=n: reserved(c, n), 120)
         c.figures[f"kueue_next_admitted_after_{'end' if i == 0 else 'stop'}_s"] = round(time.monotonic() - t, 1)
-        assert sum(reserved(c, m) for m in names if m not in order) == 1, order_line
+        assert [m for m in names if m not in order and reserved(c, m)] == [n], lines  # one at a time
         wait_until(f"{n} to get pods", lambda n=n: own_pods(c, n), 120)
         order.append(n)
     assert order[1:] == nxt  # admitted in the order `rl-submit status` gave (position 1 first)
@@ -181,7 +126,7 @@ def test_a_job_needing_more_gpus_than_the_quota_is_refused_and_never_gets_a_pod(
     dry = rl_submit(c, "--dry-run", "--name", "q-gpu2", "--queue", QUEUE, "-n", NAMESPACE, *two_gpus, check=0)
     c.kubectl("-n", NAMESPACE, "apply", "-f", "-", input=dry.stdout)
     wait_until("Kueue's reason for the 2-GPU job", lambda: "nvidia.com/gpu" in pending_reason(c, "gpu2"), 60,
-               on_timeout=lambda: dump(workload(c, "gpu2")))
+               on_timeout=lambda: dump(workload(c, PREFIX + "gpu2")))
     assert suspended(c, "gpu2") and own_pods(c, "gpu2") == []
     c.delete_ray("rayjobs", PREFIX + "gpu2", wait_pods=False)
 
@@ -189,7 +134,7 @@ def test_a_job_needing_more_gpus_than_the_quota_is_refused_and_never_gets_a_pod(
 def test_a_one_gpu_job_within_the_quota_puts_its_learner_on_the_gpu_node(c: Cluster):
     submit(c, "gpu1", *PONG_GPU, "stop.iterations=1")
     wait_until("Kueue to admit the 1-GPU job", lambda: reserved(c, "gpu1"), 120,
-               on_timeout=lambda: dump(workload(c, "gpu1")))
+               on_timeout=lambda: dump(workload(c, PREFIX + "gpu1")))
     name = PREFIX + "gpu1"
 
     def learner_pod():
@@ -204,7 +149,7 @@ def test_a_one_gpu_job_within_the_quota_puts_its_learner_on_the_gpu_node(c: Clus
     # Kueue's flavor put its node labels on the pod (the gpu flavor was assigned, not the cpu one).
     assert pod.spec.node_selector.get("rl-platform.io/pool") == "gpu", pod.spec.node_selector
     assert any(r["name"] == "learner-gpu" and r["flavors"].get("nvidia.com/gpu") == "qtest-rl-platform-gpu"
-               for r in workload(c, "gpu1")["status"]["admission"]["podSetAssignments"]), dump(workload(c, "gpu1"))
+               for r in workload(c, PREFIX + "gpu1")["status"]["admission"]["podSetAssignments"]), dump(workload(c, PREFIX + "gpu1"))
     rl_submit(c, "stop", name, check=0)
 
 
@@ -214,10 +159,10 @@ def test_a_high_priority_job_preempts_a_running_low_priority_one(c: Cluster):
     t0 = time.monotonic()
     submit(c, "high", "-f", str(CARTPOLE), "--priority", "qtest-high", "stop.iterations=1")
     wait_until("Kueue to admit the high-priority job", lambda: reserved(c, "high"), 120,
-               on_timeout=lambda: dump(workload(c, "high")) + dump(workload(c, "low")))
+               on_timeout=lambda: dump(workload(c, PREFIX + "high")) + dump(workload(c, PREFIX + "low")))
     c.figures["kueue_preempt_to_admitted_s"] = round(time.monotonic() - t0, 1)
     # The low one was suspended: its Workload evicted as preempted, its RayCluster and pods deleted.
-    wl = workload(c, "low")
+    wl = workload(c, PREFIX + "low")
     evicted = {x["type"]: x for x in wl["status"]["conditions"]}.get("Evicted", {})
     assert evicted.get("reason") == "Preempted", dump(wl)
     wait_until("the preempted job's pods to go", lambda: not own_pods(c, "low"), 120)

@@ -49,6 +49,17 @@ HYDRA, VALUE = 1, 2
         (["~experiment", "algo=ppo", "env=trading", "env.env_config.symbols=[]"],
          ["error: env.env_config: trading env: `symbols` must name at least one symbol"], VALUE),
         (["algo.gamma=1.5"], ["error: algo.gamma must be in [0, 1], got 1.5"], VALUE),
+        # env.backend: a name no env has, and EnvPool (Atari only) for CartPole.
+        (["env.backend=bogus"], ["error: unknown env.backend 'bogus'; env 'cartpole' has: gymnasium"], VALUE),
+        (["env.backend=envpool"], ["error: env.backend=envpool is for Atari envs (pong); env 'cartpole' has: gymnasium"],
+         VALUE),
+        (["experiment=pong_ppo", "env.backend=envpool", "env.env_config.game=ALE/NotAGame-v5"],
+         ["error: env.env_config: atari env: unknown game 'ALE/NotAGame-v5'"], VALUE),
+        # APPO: RLlib itself raised a TypeError (minibatch % "auto") from inside the algorithm's build.
+        (["~experiment", "algo=appo", "env=cartpole", "algo.minibatch_size=25"],
+         ["error: algo.minibatch_size=25 with appo needs an integer env.rollout_fragment_length"], VALUE),
+        (["~experiment", "algo=appo", "env=cartpole", "algo.minibatch_size=30", "env.rollout_fragment_length=25"],
+         ["error: algo.minibatch_size (30) must be a multiple of env.rollout_fragment_length (25)"], VALUE),
     ],
 )
 def test_bad_config_fails_before_ray(overrides, needles, rc, tmp_path):

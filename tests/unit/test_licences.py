@@ -37,6 +37,17 @@ KNOWN_STRONG_COPYLEFT = {
     # The Arcade Learning Environment (ale_py-0.12.1.dist-info/licenses/LICENSE.md: GNU GPL v2), declared directly
     # and through gymnasium[atari] for the Pong env (rl_envs, trainer, serving's Pong preprocessing).
     "ale-py": "GPL-2.0-only",
+    # EnvPool (env.backend=envpool) is Apache-2.0 in its metadata but compiles the same ALE into its Atari module:
+    # judged by BUNDLED_STRONG_COPYLEFT below.
+    "envpool": "GPL-2.0-only (the ALE inside envpool/atari/atari_envpool.so)",
+}
+
+# Distributions whose metadata is permissive but which ship strong-copyleft code compiled in: {name: (licence of
+# the bundled code, file in the distribution, bytes in that file that show it is there)}. A test checks the bytes
+# are still there, so the entry goes when the bundling does.
+BUNDLED_STRONG_COPYLEFT = {
+    "envpool": ("GPL-2.0-only: the Arcade Learning Environment", "envpool/atari/atari_envpool.so",
+                b"Arcade Learning Environment"),
 }
 
 _STRONG_ID = re.compile(r"^(?:A?GPL|SSPL)(?:v?\d|-|\+|$)", re.I)  # GPL-2.0-only, AGPL-3.0, SSPL-1.0, GPLv2, GPL
@@ -139,10 +150,11 @@ def licence_of(meta) -> tuple[str | None, bool]:
 
 
 def declared_requirements() -> list[tuple[Requirement, str]]:
-    """(requirement, extra it belongs to) as Requires-Dist lists them: dependencies ("") and the `dev` extra."""
+    """(requirement, extra it belongs to) as Requires-Dist lists them: dependencies ("") and every extra (`dev`,
+    `envpool`: what `make venv` installs)."""
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     return ([(Requirement(r), "") for r in project["dependencies"]]
-            + [(Requirement(r), "dev") for r in project["optional-dependencies"]["dev"]])
+            + [(Requirement(r), extra) for extra, reqs in project["optional-dependencies"].items() for r in reqs])
 
 
 def closure() -> dict[str, tuple[md.Distribution, str]]:
@@ -187,7 +199,18 @@ def strong_copyleft(deps) -> dict[str, str]:
         licence, strong = licence_of(dist.metadata)
         if strong:
             out[name] = f"{name} {dist.version} ({licence}; required by {parent})"
+        elif name in BUNDLED_STRONG_COPYLEFT:
+            bundled, path, _ = BUNDLED_STRONG_COPYLEFT[name]
+            out[name] = f"{name} {dist.version} ({licence}, bundling {bundled} in {path}; required by {parent})"
     return out
+
+
+def test_bundled_strong_copyleft_is_still_bundled(deps):
+    """Each BUNDLED_STRONG_COPYLEFT entry is true of the installed distribution: the file holds the bundled code."""
+    for name, (bundled, path, marker) in BUNDLED_STRONG_COPYLEFT.items():
+        assert name in deps, f"{name} is no longer a dependency: remove it from BUNDLED_STRONG_COPYLEFT"
+        located = deps[name][0].locate_file(path)
+        assert marker in Path(located).read_bytes(), f"{located} no longer contains {bundled}: remove the entry"
 
 
 def test_no_strong_copyleft_dependency(deps):

@@ -238,6 +238,10 @@ spec:
   # get SIGTERM, checkpoint, exit), within this grace; only then does Kubernetes stop the container.
   terminationGracePeriodSeconds: {{ add $v.head.jobStopWaitSeconds 15 }}
   {{- end }}
+  {{- if include "rl-platform.gcsFT" (list $root $workload) }}
+  initContainers:
+    {{- include "rl-platform.waitRedisContainer" $root | nindent 4 }}
+  {{- end }}
   containers:
     - name: ray-head
       image: {{ include "rl-platform.image" $v.image.cpu }}
@@ -395,6 +399,11 @@ authOptions:
   {{- if and (eq $v.ray.auth.mode "token") $v.ray.auth.secretName }}
   secretName: {{ $v.ray.auth.secretName }}
   {{- end }}
+{{- if include "rl-platform.gcsFT" (list $root $workload) }}
+# GCS fault tolerance (values gcsFaultTolerance): the GCS keeps the cluster state in Redis, a new head reloads it.
+gcsFaultToleranceOptions:
+  {{- include "rl-platform.gcsFaultToleranceOptions" $root | nindent 2 }}
+{{- end }}
 enableInTreeAutoscaling: {{ $v.autoscaling.enabled }}
 {{- if $v.autoscaling.enabled }}
 autoscalerOptions:
@@ -441,4 +450,120 @@ workerGroupSpecs:
 {{- end }}
 {{- end }}
 {{- if not $any }} []{{ end }}
+{{- end -}}
+
+{{/*
+GCS fault tolerance (values gcsFaultTolerance). "rl-platform.gcsFT" is "true" when the cluster of WORKLOAD (serve:
+the RayService's, cluster: the chart's RayCluster; a RayJob's never) keeps its GCS state in Redis; call with
+(list $ WORKLOAD). "rl-platform.redisInChart" is "true" when this release runs the in-chart Redis.
+*/}}
+{{- define "rl-platform.gcsFT" -}}
+{{- $root := index . 0 -}}{{- $workload := index . 1 -}}
+{{- $ft := $root.Values.gcsFaultTolerance -}}
+{{- if or (and (eq $workload "serve") $ft.rayService) (and (eq $workload "cluster") $ft.rayCluster) -}}true{{- end -}}
+{{- end -}}
+
+{{- define "rl-platform.redisInChart" -}}
+{{- $v := .Values -}}{{- $ft := $v.gcsFaultTolerance -}}
+{{- if and (not $ft.redisAddress) (or $ft.redis.enabled (and $v.rayService.enabled $ft.rayService) (and $v.rayCluster.enabled $ft.rayCluster)) -}}true{{- end -}}
+{{- end -}}
+
+{{- define "rl-platform.redisName" -}}
+{{- printf "%s-redis" (include "rl-platform.fullname" .) -}}
+{{- end -}}
+
+{{/* Where Ray finds Redis: the external address, else the in-chart Redis Service. */}}
+{{- define "rl-platform.redisAddress" -}}
+{{- $ft := .Values.gcsFaultTolerance -}}
+{{- if $ft.redisAddress -}}
+{{- $ft.redisAddress -}}
+{{- else -}}
+{{- printf "%s.%s.svc:%d" (include "rl-platform.redisName" .) .Release.Namespace (int $ft.redis.port) -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "rl-platform.redisSecretName" -}}
+{{- $ft := .Values.gcsFaultTolerance -}}
+{{- if $ft.passwordSecret.name -}}
+{{- $ft.passwordSecret.name -}}
+{{- else if $ft.redisAddress -}}
+{{- fail "gcsFaultTolerance.redisAddress (an external Redis) needs gcsFaultTolerance.passwordSecret.name: the Secret holding its password" -}}
+{{- else -}}
+{{- include "rl-platform.redisName" . -}}
+{{- end -}}
+{{- end -}}
+
+{{/* KubeRay gcsFaultToleranceOptions of a cluster spec (the password stays in its Secret). */}}
+{{- define "rl-platform.gcsFaultToleranceOptions" -}}
+redisAddress: {{ include "rl-platform.redisAddress" . | quote }}
+redisPassword:
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "rl-platform.redisSecretName" . }}
+      key: {{ .Values.gcsFaultTolerance.passwordSecret.key }}
+{{- end -}}
+
+{{/*
+The head's `wait-redis` init container: Ray's GCS starts only once Redis answers and accepts the password. Ray's own
+behaviour without it: the GCS retries Redis for a while, exits, and the head container restarts in a loop whose
+reason is buried in gcs_server.out. Here the reason is the pod's state: Init while Redis is unreachable (a log line
+every 10 s naming the address and the error), and a wrong password ends the container at once with Redis's answer
+as its termination message (`kubectl describe pod`, status.initContainerStatuses[].lastState.terminated.message).
+*/}}
+{{- define "rl-platform.waitRedisContainer" -}}
+{{- $v := .Values -}}{{- $ft := $v.gcsFaultTolerance -}}
+- name: wait-redis
+  image: {{ include "rl-platform.image" $v.image.cpu }}
+  imagePullPolicy: {{ $v.image.pullPolicy }}
+  command: ["python", "-I", "-c"]
+  args:
+    - |
+      import os, socket, ssl, sys, time
+      addr = os.environ["REDIS_ADDRESS"].split(",")[0]
+      tls = addr.startswith("rediss://")
+      host, _, port = addr.split("://", 1)[-1].rsplit("@", 1)[-1].rpartition(":")
+      where = f"Redis at {host}:{port}"
+      pw = os.environ["REDIS_PASSWORD"].encode()
+      limit, t0, last = float(os.environ["WAIT_S"]), time.monotonic(), -10.0
+      while True:
+          try:
+              s = socket.create_connection((host, int(port)), timeout=5)
+              if tls:
+                  s = ssl.create_default_context().wrap_socket(s, server_hostname=host)
+              s.settimeout(5)
+              s.sendall(b"*2\r\n$4\r\nAUTH\r\n$%d\r\n%s\r\n" % (len(pw), pw))
+              answer, why = s.recv(512).decode(errors="replace").strip(), "it closed the connection"
+              s.close()
+          except (OSError, ValueError) as e:
+              answer, why = "", f"{type(e).__name__}: {e}"
+          if answer == "+OK":
+              print(f"wait-redis: {where} accepted the password; starting Ray's GCS", flush=True)
+              sys.exit(0)
+          if answer:
+              sys.exit(f"wait-redis: {where} refused the password of Secret {os.environ['REDIS_SECRET']}: {answer}")
+          waited = time.monotonic() - t0
+          if limit and waited > limit:
+              sys.exit(f"wait-redis: {where} unreachable for {waited:.0f}s ({why}); gcsFaultTolerance.waitForRedisSeconds")
+          if waited - last >= 10:
+              print(f"wait-redis: waiting for {where} ({why}), {waited:.0f}s so far", flush=True)
+              last = waited
+          time.sleep(1)
+  env:
+    - name: REDIS_ADDRESS
+      value: {{ include "rl-platform.redisAddress" . | quote }}
+    - name: REDIS_SECRET
+      value: {{ include "rl-platform.redisSecretName" . | quote }}
+    - name: REDIS_PASSWORD
+      valueFrom:
+        secretKeyRef:
+          name: {{ include "rl-platform.redisSecretName" . }}
+          key: {{ $ft.passwordSecret.key }}
+    - name: WAIT_S
+      value: {{ $ft.waitForRedisSeconds | quote }}
+  resources:
+    requests: {cpu: 10m, memory: 32Mi}
+    limits: {cpu: 200m, memory: 128Mi}
+  securityContext:
+    {{- toYaml $v.containerSecurityContext | nindent 4 }}
+  terminationMessagePolicy: FallbackToLogsOnError
 {{- end -}}

@@ -206,4 +206,14 @@ from .Values.monitoring.rules. `tests/chart` runs `promtool check rules` and `pr
       annotations:
         summary: The metrics endpoint of a Ray head is down.
         description: '{{ "{{ $labels.namespace }}/{{ $labels.pod }}" }} has not answered scrapes for 5 minutes.'
+    - alert: RayHeadRestarted
+      # A new start time of the head's Ray (metrics process) within the window: a new head pod or a restarted Ray.
+      # The subquery runs at Prometheus' evaluation interval (`[W:]`): a coarser fixed step can hold no point yet.
+      expr: |-
+        changes(max by ({{ $by }}) ({{ $m.processStartTime }}{ray_io_node_type="head"})[{{ $r.headRestartWindow }}:]) > 0
+      labels:
+        severity: warning
+      annotations:
+        summary: A Ray head restarted.
+        description: '{{ "{{ $labels.namespace }}/{{ $labels.ray_io_cluster }}" }}: the head restarted {{ "{{ $value }}" }} time(s) in the last {{ $r.headRestartWindow }}. With gcsFaultTolerance the cluster state came back from Redis and Serve kept answering; without it the cluster started empty (jobs and actors lost, Serve redeployed).'
 {{- end -}}

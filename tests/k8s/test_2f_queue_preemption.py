@@ -4,7 +4,7 @@ A queue with room for one CartPole job. A low-priority job trains; a high-priori
 low one (suspends its RayJob: KubeRay deletes its RayCluster, the head's preStop hook stops the Ray job, and the
 trainer checkpoints on SIGTERM onto the shared claim). The high one runs to SUCCEEDED; the low one is re-admitted,
 its trainer resumes from that checkpoint (`resume=auto`, same output_dir) and SUCCEEDS with every iteration done
-once: none repeated from the start.
+once (none repeated from the start) and its env-step budget counted across the preemption.
 """
 
 from __future__ import annotations
@@ -21,10 +21,11 @@ from kubekit import (CARTPOLE_VALUES, HOST_STORAGE, Cluster, dump, fresh_start, 
 
 QUEUE, CQ = "preempt-one", "qtest-preempt-one"
 LOW, HIGH = "rl-platform-qp-low", "rl-platform-qp-high"
-ITERATIONS = 30
-# Small iterations (a few seconds each on 2 cores) with a checkpoint after every one.
+# The low job's budget in env steps: counted across the preemption (stop.iterations would count this invocation's).
+ENV_STEPS = 30_000
+# Small iterations (~1,000 env steps, a few seconds each on 2 cores) with a checkpoint after every one.
 TRAIN = ["algo.train_batch_size=1000", "algo.minibatch_size=250", "algo.num_epochs=2", "evaluation=off",
-         "checkpoint.every_n_iterations=1", "stop.episode_return_mean=null", "stop.env_steps=null"]
+         "checkpoint.every_n_iterations=1", "stop.episode_return_mean=null", "stop.iterations=null"]
 
 
 @pytest.fixture(scope="module")
@@ -51,22 +52,22 @@ def state(name: str) -> dict:
     return json.loads(f.read_text()) if f.exists() else {}
 
 
-def submit(c: Cluster, name: str, priority: str, iterations: int) -> None:
+def submit(c: Cluster, name: str, priority: str, env_steps: int) -> None:
     rl_submit(c, "--detach", "--name", name.removeprefix("rl-platform-"), "--queue", QUEUE, "--priority", priority,
-              "-f", str(CARTPOLE_VALUES), f"stop.iterations={iterations}", *TRAIN, check=0)
+              "-f", str(CARTPOLE_VALUES), *TRAIN, f"stop.env_steps={env_steps}", check=0)
 
 
 def test_a_preempted_job_checkpoints_and_resumes_from_that_checkpoint(c: Cluster):
     for name in (LOW, HIGH):
         fresh_start(c, "rayjobs", name, out_dir(name))
     t0 = time.monotonic()
-    submit(c, LOW, "qtest-low", ITERATIONS)
+    submit(c, LOW, "qtest-low", ENV_STEPS)
     wait_until("the low-priority job to train 2 iterations", lambda: len(progress(LOW)) >= 2, 600, interval=2,
                on_timeout=lambda: job_diagnostics(c, LOW))
     c.figures["kueue_b_low_to_2_iterations_s"] = round(time.monotonic() - t0, 1)
 
     t1 = time.monotonic()
-    submit(c, HIGH, "qtest-high", 1)
+    submit(c, HIGH, "qtest-high", 1000)
     wait_until("Kueue to preempt the low-priority job", lambda: workload_condition(c, LOW, "Evicted").get("reason")
                == "Preempted", 120)
     wait_until("the preempted job's pods to go", lambda: not job_pods(c, LOW), 300)
@@ -78,7 +79,7 @@ def test_a_preempted_job_checkpoints_and_resumes_from_that_checkpoint(c: Cluster
     assert at_preemption.get("latest_checkpoint") and done >= 2, at_preemption
     assert (out_dir(LOW) / at_preemption["latest_checkpoint"]).is_dir(), at_preemption
     assert done >= len(progress(LOW)) - 1, (done, len(progress(LOW)))
-    assert done < ITERATIONS, f"the low job finished before it was preempted ({done} iterations): nothing to prove"
+    assert int(at_preemption.get("env_steps") or 0) < ENV_STEPS, f"the low job finished before it was preempted: {at_preemption}"
     line = rl_submit(c, "status", LOW, check=0).stdout
     assert "queued in LocalQueue" in line and "preempted (Preempted" in line, line
 
@@ -91,5 +92,9 @@ def test_a_preempted_job_checkpoints_and_resumes_from_that_checkpoint(c: Cluster
     summary = json.loads((out_dir(LOW) / "summary.json").read_text())
     assert summary["resumed_from"] and summary["resumed_from"].rstrip("/").endswith(at_preemption["latest_checkpoint"]), (
         summary, at_preemption)
-    iterations = [int(r["iteration"]) for r in progress(LOW)]
-    assert iterations == list(range(1, ITERATIONS + 1)), iterations  # each once: resumed, not restarted
+    rows = progress(LOW)
+    iterations, steps = [int(r["iteration"]) for r in rows], [int(r["env_steps"]) for r in rows]
+    # Each iteration once (resumed, not restarted), the budget counted across the preemption, met within one round.
+    assert iterations == list(range(1, len(rows) + 1)), iterations
+    assert steps == sorted(steps) and ENV_STEPS <= steps[-1] < ENV_STEPS + 1100, steps
+    assert summary["stop_reason"].startswith("env_steps"), summary

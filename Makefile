@@ -11,6 +11,9 @@ PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 # Hydra overrides for `make train`, e.g. `make train ARGS="experiment=pong_ppo stop.iterations=2"`.
 ARGS ?=
+# `make test` runs its two suite groups side by side (tests/conftest.py SUITE_GROUPS); TEST_WORKERS=0 runs them one
+# after the other in this process.
+TEST_WORKERS ?= 2
 # Targets the full test suite needs first (fragments append, e.g. the chart tools).
 TEST_PREREQS :=
 
@@ -41,7 +44,7 @@ timeline: venv ## Trace a short CartPole run (1 env runner, 1 learner actor) int
 	  resources.num_learners=1 debug.timeline=$(TIMELINE) $(ARGS)
 
 test: venv $(TEST_PREREQS) ## Run every test suite (unit, local Ray, serving, chart, containers)
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadgroup) $(PYTEST_ARGS)
 
 test-fast: venv ## Unit tests only (seconds; no Ray cluster, no Docker)
 	$(PY) -m pytest -m "not slow and not cluster and not docker and not serve and not chart and not k8s" $(PYTEST_ARGS)

@@ -9,18 +9,31 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
-# Suites in the order `make test` runs them: the Python-only ones first while `make test` builds the chart tools, the
-# images and the cluster tier's binaries in the background (mk/k8s.mk TEST_BACKGROUND), then those that use them, the
-# cluster tier last. Within a suite, files keep their names' order (tests/k8s relies on none: each test brings its preconditions).
-SUITE_ORDER = ("unit", "trainer", "serving", "security", "containers", "chart", "monitoring", "k8s")
+# The suites in two groups. `make test` runs the groups side by side (pytest-xdist, `--dist loadgroup`: one worker
+# per group): the Python suites need nothing built and keep the CPU busy; the cluster-side suites wait on what
+# `make test` builds in the background (mk/k8s.mk TEST_BACKGROUND: chart tools, then the images, then the cluster
+# tier's binaries) and then mostly on pods. Within a group, suites run in this order (the one each build step serves
+# first) and files keep their names' order (tests/k8s relies on none: each test brings its preconditions).
+# Without xdist (`TEST_WORKERS=0`) the groups run one after the other.
+SUITE_GROUPS = {
+    "python": ("unit", "trainer", "serving", "security"),
+    "cluster": ("chart", "containers", "monitoring", "k8s"),
+}
+SUITE_ORDER = tuple(s for suites in SUITE_GROUPS.values() for s in suites)
 
 
+def _suite(item) -> str | None:
+    parts = Path(str(item.fspath)).relative_to(Path(__file__).resolve().parent).parts
+    return parts[0] if len(parts) > 1 and parts[0] in SUITE_ORDER else None
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(items):
-    def rank(item) -> int:
-        parts = Path(str(item.fspath)).relative_to(Path(__file__).resolve().parent).parts
-        return SUITE_ORDER.index(parts[0]) if len(parts) > 1 and parts[0] in SUITE_ORDER else len(SUITE_ORDER)
-
-    items.sort(key=rank)  # stable: the order within a suite is kept
+    items.sort(key=lambda item: SUITE_ORDER.index(s) if (s := _suite(item)) else len(SUITE_ORDER))  # stable
+    for item in items:
+        suite = _suite(item)
+        group = next((g for g, suites in SUITE_GROUPS.items() if suite in suites), "python")
+        item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.hookimpl(trylast=True)

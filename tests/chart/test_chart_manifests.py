@@ -85,7 +85,11 @@ def test_cartpole_job_is_cpu_only():
     (job,) = _docs("k8s/jobs/cartpole.yaml")
     assert "resources.num_gpus_per_learner=0" in job["spec"]["entrypoint"].split()
     assert "nvidia.com/gpu" not in yaml.safe_dump(job)
-    assert job["spec"]["shutdownAfterJobFinishes"] is True
+    # Its cluster goes when it ends: the workers at once, the head (logs, dashboard) a while later.
+    rules = {(r["condition"].get("jobStatus") or r["condition"]["jobDeploymentStatus"], r["policy"]): r["condition"]["ttlSeconds"]
+             for r in job["spec"]["deletionStrategy"]["deletionRules"]}
+    for end in ("SUCCEEDED", "FAILED", "Failed"):
+        assert rules[(end, "DeleteWorkers")] == 0 and rules[(end, "DeleteCluster")] > 0, rules
     groups = _groups(job["spec"]["rayClusterSpec"])
     # The trainer's resources=cluster places env runners on rollout_pool and learners on learner_pool.
     assert any("rollout_pool" in g["rayStartParams"].get("resources", "") for g in groups.values())

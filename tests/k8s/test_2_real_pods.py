@@ -74,8 +74,17 @@ def test_cartpole_rayjob_succeeds_and_writes_its_checkpoint(real: Cluster):
     applied_at = fresh_start(real, "rayjobs", name, out)
     t0 = time.monotonic()
     real.apply("k8s/jobs/cartpole.yaml")
-    wait_job(real, name)
-    real.figures["level_b_cartpole_apply_to_succeeded_s"] = round(time.monotonic() - t0, 1)
+    st = wait_job(real, name)
+    t_end = time.monotonic()
+    real.figures["level_b_cartpole_apply_to_succeeded_s"] = round(t_end - t0, 1)
+    # rayJob.cleanup (KubeRay deletionRules): the finished job's workers go at once, its head stays for the logs.
+    rc = st["rayClusterName"]
+    assert real.pods(f"ray.io/cluster={rc},ray.io/node-type=head"), f"the head of {rc} went with the job's end"
+    wait_until(f"the worker pods of {rc} deleted after the job's end", lambda: not real.pods(
+        f"ray.io/cluster={rc},ray.io/node-type=worker"), 180, interval=2)
+    real.figures["level_b_cartpole_succeeded_to_workers_gone_s"] = round(time.monotonic() - t_end, 1)
+    (head,) = real.pods(f"ray.io/cluster={rc},ray.io/node-type=head")
+    assert head.metadata.deletion_timestamp is None and head.status.phase == "Running", (head.status.phase,)
     meta = resolve(str(out / checkpoint_rel(FINAL))).metadata
     assert meta is not None and meta.env and (meta.iteration or 0) >= 1, meta
     # Written by this job: after it was applied (the folder was empty then).
@@ -94,6 +103,7 @@ def test_cartpole_rayjob_succeeds_and_writes_its_checkpoint(real: Cluster):
 
 
 PREEMPT_STEPS = 100_000
+PREEMPT_KEEP_HEAD_S = 5
 
 
 def _preempt_job() -> str:
@@ -108,6 +118,8 @@ def _preempt_job() -> str:
         "algo.train_batch_size=1000", "algo.minibatch_size=250", "algo.num_epochs=1"]
     return sh(helm_path(), "template", "rl-platform", str(ROOT / "charts" / "rl-platform"), "--namespace", NAMESPACE,
               "-f", str(values), "--set", "rayJob.name=preempt", "--set", "rayJob.backoffLimit=1",
+              # The head is kept PREEMPT_KEEP_HEAD_S after the end (not the default 300): the test sees the cluster go.
+              "--set", f"rayJob.cleanup.keepHeadSeconds={PREEMPT_KEEP_HEAD_S}",
               "--set", "rayJob.outputDir=/mnt/rl-platform/results/preempt",
               "--set-json", f"rayJob.overrides={json.dumps(overrides)}", "--show-only", "templates/rayjob.yaml").stdout
 
@@ -149,6 +161,13 @@ def test_deleting_the_head_pod_checkpoints_and_the_retry_resumes(real: Cluster):
     assert summary["resumed_from"] == f"/mnt/rl-platform/results/preempt/{first}", (summary, first)
     assert summary["env_steps"] >= PREEMPT_STEPS and summary["iterations"] > meta.iteration, summary
     print(f"\npreempted at iteration {meta.iteration}; RayJob status: {dump(st)}")
+    # rayJob.cleanup: keepHeadSeconds after the end the retry's cluster is deleted; the RayJob stays with its status.
+    rc = st["rayClusterName"]
+    t_end = time.monotonic()
+    wait_until(f"RayCluster {rc} deleted {PREEMPT_KEEP_HEAD_S} s after the job's end", lambda: not [
+        c for c in real.ray_list("rayclusters") if c["metadata"]["name"] == rc], 180, interval=2)
+    real.figures["level_b_preempt_succeeded_to_cluster_gone_s"] = round(time.monotonic() - t_end, 1)
+    assert real.ray("rayjobs", name)["status"]["jobStatus"] == "SUCCEEDED"
     real.delete_ray("rayjobs", name)
 
 

@@ -224,6 +224,9 @@ metadata:
     {{- toYaml . | nindent 4 }}
   {{- end }}
 spec:
+  {{- if $v.podPriority.enabled }}
+  priorityClassName: {{ $v.podPriority.classes.head.name }}
+  {{- end }}
   serviceAccountName: {{ include "rl-platform.serviceAccountName" $root }}
   # The autoscaler sidecar talks to the Kubernetes API; without it the head needs no token.
   automountServiceAccountToken: {{ $v.autoscaling.enabled }}
@@ -322,6 +325,10 @@ metadata:
     {{- toYaml . | nindent 4 }}
   {{- end }}
 spec:
+  {{- if $v.podPriority.enabled }}
+  # podPriority: under pressure the scheduler preempts rollout workers first, then learners, heads last.
+  priorityClassName: {{ (ternary $v.podPriority.classes.learner $v.podPriority.classes.rollout (eq $g.pool "learner")).name }}
+  {{- end }}
   serviceAccountName: {{ include "rl-platform.serviceAccountName" $root }}
   automountServiceAccountToken: false
   {{- with $v.image.pullSecrets }}
@@ -407,6 +414,7 @@ gcsFaultToleranceOptions:
 enableInTreeAutoscaling: {{ $v.autoscaling.enabled }}
 {{- if $v.autoscaling.enabled }}
 autoscalerOptions:
+  version: {{ $v.autoscaling.version }}
   upscalingMode: {{ $v.autoscaling.upscalingMode }}
   idleTimeoutSeconds: {{ $v.autoscaling.idleTimeoutSeconds }}
   imagePullPolicy: {{ $v.image.pullPolicy }}
@@ -440,6 +448,9 @@ workerGroupSpecs:
     replicas: {{ $g.replicas }}
     minReplicas: {{ $g.minReplicas }}
     maxReplicas: {{ $g.maxReplicas }}
+    {{- if and $v.autoscaling.enabled (eq $v.autoscaling.version "v2") (not (kindIs "invalid" $g.idleTimeoutSeconds)) }}
+    idleTimeoutSeconds: {{ $g.idleTimeoutSeconds }}
+    {{- end }}
     {{- $mem := include "rl-platform.groupMemory" (list $name $g) | fromJson }}
     {{- $params := dict "num-cpus" (toString $g.cpus) "metrics-export-port" (toString $v.ray.ports.metrics) "object-store-memory" (toString (mul (int $mem.objectStoreMiB) 1048576)) "memory" (toString (mul (int $mem.memoryMiB) 1048576)) }}
     {{- with (include "rl-platform.rayResources" $g) }}{{ $_ := set $params "resources" . }}{{ end }}

@@ -11,9 +11,10 @@ PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 # Hydra overrides for `make train`, e.g. `make train ARGS="experiment=pong_ppo stop.iterations=2"`.
 ARGS ?=
-# `make test` runs its two suite groups side by side (tests/conftest.py SUITE_GROUPS); TEST_WORKERS=0 runs them one
-# after the other in this process.
-TEST_WORKERS ?= 2
+# `make test` runs its two suite groups side by side (tests/conftest.py SUITE_GROUPS) when nothing is left to compile
+# for the cluster tier; on a cold machine (its Go builds are the critical path, and a suite beside them slows them
+# more than it gains) or with TEST_WORKERS=0, one after the other in this process while the builds run behind.
+TEST_WORKERS ?= $(if $(CLUSTER_TIER),$(shell hack/tools.sh built cluster >/dev/null 2>&1 && echo 2 || echo 0),2)
 # Targets the full test suite needs first (fragments append, e.g. the chart tools).
 TEST_PREREQS :=
 

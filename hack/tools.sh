@@ -580,9 +580,25 @@ run_target() {
   esac
 }
 
+# `built cluster`: exit 0 when every product of the cluster phase is in the cache (nothing to compile), else 1.
+# `make test` runs its suite groups side by side only then: on a cold machine the phase's Go builds are the critical
+# path, and a Python suite beside them slows them more than it gains (mk/k8s.mk TEST_WORKERS).
+cluster_built() {
+  local env; env="$(print_env)"
+  local k v
+  for k in ETCD KWOK COREDNS PAUSE_IMAGE_TAR KUBERAY_OPERATOR PROMETHEUS_K8S KUEUE; do
+    v="$(sed -n "s/^${k}=//p" <<<"${env}")"; [[ -n "${v}" && -e "${v}" ]] || return 1
+  done
+  v="$(sed -n 's/^K8S_BIN=//p' <<<"${env}")"
+  for k in kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy; do
+    [[ -x "${v}/${k}" ]] || return 1
+  done
+}
+
 main() {
   (($#)) || set -- all
   [[ "$1" == env ]] && { print_env; return 0; }
+  [[ "$1" == built && "${2:-}" == cluster ]] && { cluster_built; return $?; }
   local t
   for t in "$@"; do  # every target known before anything is built
     [[ "${t}" != env && " ${TARGETS} " == *" ${t} "* ]] || run_target usage

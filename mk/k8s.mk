@@ -20,7 +20,7 @@ MONITORING ?= 0
 # which waits for the background step on that script's lock and raises its priority, or builds it when that step failed.
 # In this order: the chart tools (quick), the images (the containers suite), the cluster tier's binaries (last suites;
 # only where that tier runs: CLUSTER_TIER from mk/cluster.mk).
-TEST_BACKGROUND = "hack/tools.sh all" "$(IMAGES_SH) build cpu $(if $(filter 0,$(RLP_TEST_GPU_IMAGE)),,gpu)" \
+TEST_BACKGROUND = "hack/tools.sh all" "$(IMAGES_SH) build cpu redis $(if $(filter 0,$(RLP_TEST_GPU_IMAGE)),,gpu)" \
   $(if $(CLUSTER_TIER),"hack/tools.sh cluster")
 TEST_PREREQS += test-background
 

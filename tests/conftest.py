@@ -1,6 +1,7 @@
 import faulthandler
 import os
 import signal
+import subprocess
 import sys
 from pathlib import Path
 
@@ -106,3 +107,18 @@ def s3():
                 os.environ[k] = v
         proc.terminate()
         proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="session")
+def built_helm() -> str:
+    """The pinned helm, once hack/tools.sh has built it (`make test` builds it in the background: this waits)."""
+    from rl_submit.cli import Problem, find_helm
+
+    build = subprocess.run([str(Path(__file__).resolve().parents[1] / "hack" / "tools.sh"), "helm"], capture_output=True, text=True)
+    try:
+        return find_helm(None)
+    except Problem:
+        msg = f"helm not built (`make tools`): hack/tools.sh helm exited {build.returncode}: {build.stderr[-1500:]}"
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail(msg)
+        pytest.skip(msg)

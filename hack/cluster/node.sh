@@ -520,7 +520,7 @@ up_images() {
         notes+=("${img} present (no Docker engine running to compare with; kept ${have:7:12})"); continue
       fi
       log "${img} is not in containerd: starting a Docker engine (hack/images.sh dockerd)"
-      "${RLP_ROOT}/hack/images.sh" dockerd
+      "${RLP_ROOT}/hack/images.sh" dockerd >&2  # stdout is the env line of `hack/cluster.sh up`
     fi
     want="$(docker image inspect -f '{{.Id}}' "${img}" 2>/dev/null || true)"
     if [[ -z "${want}" ]]; then
@@ -528,7 +528,7 @@ up_images() {
       case "${img}" in "${IMAGE_CPU}") flavour=cpu ;; "${IMAGE_REDIS}") flavour=redis ;; esac
       [[ -n "${flavour}" ]] || die "docker has no image ${img} (RLP_NODE_IMAGES)"
       log "docker has no ${img}: building it (hack/images.sh build ${flavour}; cpu cold ~6 min)"
-      t=${SECONDS}; "${RLP_ROOT}/hack/images.sh" build "${flavour}"; notes+=("${img} built $((SECONDS - t))s")
+      t=${SECONDS}; "${RLP_ROOT}/hack/images.sh" build "${flavour}" >&2; notes+=("${img} built $((SECONDS - t))s")
       want="$(docker image inspect -f '{{.Id}}' "${img}")"
     fi
     if [[ "${have}" == "${want}" ]]; then notes+=("${img} present ${want:7:12}"); continue; fi

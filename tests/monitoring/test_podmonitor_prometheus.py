@@ -30,7 +30,9 @@ from chartkit import Tools, missing, tool_env  # noqa: E402
 from promkit import free_port, free_ports, podmonitor_config, start_podmonitor_prometheus  # noqa: E402
 from trainer_helpers import stop_process  # noqa: E402
 
-pytestmark = [pytest.mark.monitoring, pytest.mark.chart]  # chart: helm renders the PodMonitors
+# chart: helm renders the PodMonitors. The `tools` fixture may wait for the cluster phase of the background build
+# (Go builds, tens of minutes on a cold machine): bounded like the cluster tier's first test, not pytest's 900 s.
+pytestmark = [pytest.mark.monitoring, pytest.mark.chart, pytest.mark.timeout(3600)]
 
 
 @pytest.fixture(scope="module")

@@ -15,6 +15,9 @@ import pytest
 import requests
 
 from rl_checkpoint import resolve
+# tests/serving/conftest.py, imported while this file is collected (a function-level import would find whichever
+# folder's conftest module was imported last).
+from conftest import metric_samples, scrape
 
 pytestmark = pytest.mark.serve
 
@@ -97,8 +100,6 @@ def test_concurrent_requests_are_batched_and_still_correct(server, cartpole_chec
 
 
 def _forwards_of_2_to_8(server) -> float:
-    from conftest import metric_samples, scrape
-
     buckets = {float(lbl["le"]): v for lbl, v in
                metric_samples(scrape(server.metrics_url), "ray_rl_serve_batch_size_bucket", policy="default")}
     return buckets.get(8.0, 0.0) - buckets.get(1.0, 0.0)
@@ -343,8 +344,6 @@ def test_body_shorter_than_its_content_length_gets_408_after_body_timeout(server
 
 def test_client_gone_before_its_declared_body_is_no_server_error(server):
     """A client that closes before sending the declared bytes: no answer (it is gone), counted as 499, no 500."""
-    from conftest import metric_samples, scrape
-
     def count(status: str) -> float:
         return sum(v for _, v in metric_samples(scrape(server.metrics_url), "ray_rl_serve_requests_total",
                                                 policy="default", endpoint="act", status=status))

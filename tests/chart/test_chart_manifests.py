@@ -86,7 +86,7 @@ def test_cartpole_job_is_cpu_only():
     assert "resources.num_gpus_per_learner=0" in job["spec"]["entrypoint"].split()
     assert "nvidia.com/gpu" not in yaml.safe_dump(job)
     # Its cluster goes when it ends: the workers at once, the head (logs, dashboard) a while later.
-    rules = {(r["condition"].get("jobStatus") or r["condition"]["jobDeploymentStatus"], r["policy"]): r["condition"]["ttlSeconds"]
+    rules = {(r["condition"].get("jobStatus") or r["condition"]["jobDeploymentStatus"], r["policy"]): r["condition"].get("ttlSeconds", 0)
              for r in job["spec"]["deletionStrategy"]["deletionRules"]}
     for end in ("SUCCEEDED", "FAILED", "Failed"):
         assert rules[(end, "DeleteWorkers")] == 0 and rules[(end, "DeleteCluster")] > 0, rules

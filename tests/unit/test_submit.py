@@ -97,7 +97,7 @@ def test_dry_run_prints_only_the_rayjob_of_the_chart_with_the_overrides_last():
     # Cluster shape straight from the chart + k8s/values/cartpole.yaml (its own RayCluster, restricted pods).
     groups = {g["groupName"] for g in spec["rayClusterSpec"]["workerGroupSpecs"]}
     assert groups == {"rollout-cpu", "learner-cpu"}
-    assert spec["submissionMode"] == "K8sJobMode" and spec["shutdownAfterJobFinishes"] is False
+    assert spec["submissionMode"] == "K8sJobMode" and "shutdownAfterJobFinishes" not in spec
     assert {r["policy"] for r in spec["deletionStrategy"]["deletionRules"]} == {"DeleteWorkers", "DeleteCluster"}
     pod = spec["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]
     assert pod["securityContext"]["runAsNonRoot"] is True

@@ -582,7 +582,7 @@ run_target() {
 
 # `built cluster`: exit 0 when every product of the cluster phase is in the cache (nothing to compile), else 1.
 # `make test` runs its suite groups side by side only then: on a cold machine the phase's Go builds are the critical
-# path, and a Python suite beside them slows them more than it gains (mk/k8s.mk TEST_WORKERS).
+# path, and a Python suite beside them slows them more than it gains (Makefile TEST_WORKERS).
 cluster_built() {
   local env; env="$(print_env)"
   local k v

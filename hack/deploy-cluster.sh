@@ -15,6 +15,7 @@ eval "$(hack/tools.sh env | sed 's/^/export /')"
 ver() { sed -n "s/^$1[[:space:]]*:=[[:space:]]*\([^[:space:]]*\).*/\1/p" mk/versions.mk; }
 KUBERAY_VERSION="$(ver KUBERAY_VERSION)"
 KPS_VERSION="$(ver KUBE_PROMETHEUS_STACK_VERSION)"
+KUEUE_VERSION="$(ver KUEUE_VERSION)"
 IMAGE_CPU="$(ver IMAGE_CPU)"
 IMAGE_GPU="$(ver IMAGE_GPU)"
 KIND_CLUSTER="${KIND_CLUSTER:-rl-platform}"
@@ -114,6 +115,17 @@ up() {
     --repo https://ray-project.github.io/kuberay-helm/ --version "${KUBERAY_VERSION}" \
     --namespace kuberay-system --create-namespace --wait --timeout 5m
 
+  # Kueue's own release manifests (CRDs, the controller manager with its webhooks and their self-managed
+  # certificates, in kueue-system); the release then creates its queue (kueue.enabled: LocalQueue `training`, the
+  # chart's ClusterQueue, ResourceFlavors and WorkloadPriorityClasses), as the local cluster tier does.
+  step "Kueue v${KUEUE_VERSION} (its release manifests, in kueue-system)"
+  local k=("${KUBECTL:-kubectl}" --context "${CTX}")
+  "${k[@]}" apply --server-side --force-conflicts \
+    -f "https://github.com/kubernetes-sigs/kueue/releases/download/v${KUEUE_VERSION}/manifests.yaml" >/dev/null ||
+    die "Kueue v${KUEUE_VERSION}'s manifests could not be applied (they are downloaded from github.com)"
+  "${k[@]}" -n kueue-system wait --for condition=Available deployment/kueue-controller-manager --timeout 300s ||
+    die "Kueue's controller manager is not Available after 300s (kubectl -n kueue-system describe deployment)"
+
   local mon_args=(--set monitoring.enabled=false)
   if [[ "${MONITORING}" == 1 ]]; then
     step "kube-prometheus-stack ${KPS_VERSION} in monitoring (Grafana allows embedding in the Ray dashboard)"
@@ -146,7 +158,7 @@ up() {
   restricted_namespace "${KUBECTL:-kubectl}" --context "${CTX}"
   step "rl-platform chart (release rl-platform in ${NS})"
   "${HELM}" upgrade --install rl-platform charts/rl-platform --kube-context "${CTX}" \
-    --namespace "${NS}" -f k8s/values/kind.yaml "${mon_args[@]}"
+    --namespace "${NS}" -f k8s/values/kind.yaml --set kueue.enabled=true "${mon_args[@]}"
 
   cat <<MSG
 

@@ -82,6 +82,15 @@ class APPOConf(AlgoConf):
     use_kl_loss: bool = False
     num_epochs: int = 1
     minibatch_size: Optional[int] = None
+    # The learner's in-queue (RLlib's circular buffer): N train batches, each trained on up to K times, sampled
+    # uniformly; the oldest is dropped when a new one arrives, so a learner slower than sampling trains on the
+    # newest data rather than on a backlog.
+    circular_buffer_num_batches: int = 8
+    circular_buffer_iterations_per_batch: int = 2
+    # Training steps between two weight broadcasts to the env runners (RLlib's; the learner also reports its
+    # results every this many updates): the env runners act with weights up to this many updates old, which is
+    # what the policy lag (trainer/policy_lag.py) measures.
+    broadcast_interval: int = 1
 
 
 @dataclass
@@ -90,6 +99,8 @@ class IMPALAConf(AlgoConf):
     vtrace: bool = True
     entropy_coeff: float = 0.01
     vf_loss_coeff: float = 0.5
+    # As APPO's: training steps between two weight broadcasts to the env runners.
+    broadcast_interval: int = 1
 
 
 @dataclass

@@ -8,9 +8,12 @@ it) on a batch whose steps were acted with versions v_i:
 
     lag = (k - 1) - mean(v_i)          0 for a synchronous algorithm (PPO trains on data from its current weights)
 
-It grows when env runners outpace the learner: batches wait in the learner's queue while the runners keep
-acting with the weights of the last broadcast. A resumed run restores the versions; the count follows the
-highest version seen. The lag is computed in the learner, in the update it describes: RLlib reports learner
+It grows with the time the env runners act on one set of weights: the broadcast interval (`algo.broadcast_interval`,
+weights sent every N training steps) and the updates in flight between a broadcast and the batch. It does not grow
+when the learner is slower than sampling: RLlib 2.58 keeps no backlog for a slow learner (its `update()` waits for
+the learner every broadcast interval and the driver drops what it sampled beyond the calls in flight), so a slow
+learner trains on fresh batches, fewer of them (tests/trainer/test_policy_lag.py has the figures). A resumed run
+restores the versions; the count follows the highest version seen. The lag is computed in the learner, in the update it describes: RLlib reports learner
 metrics asynchronously (APPO/IMPALA), so pairing two separately logged versions in the driver mixes updates.
 Reported as `policy_lag` (the latest update's; an iteration whose results carry no update repeats the last
 figure) in the result dict, progress.csv and `ray_rl_train_policy_lag` (trainer/metrics.py).

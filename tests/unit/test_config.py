@@ -177,6 +177,8 @@ def test_unknown_group_option_fails():
         ("algo.model.fcnet_hiddens=[0]", "algo.model.fcnet_hiddens must list layer sizes >= 1, got [0]"),
         ("~experiment,algo=dqn,algo.epsilon_final=1.5", "algo.epsilon_final must be in [0, 1]"),
         ("~experiment,algo=dqn,algo.n_step=0", "algo.n_step must be >= 1"),
+        ("~experiment,algo=appo,algo.circular_buffer_num_batches=0", "algo.circular_buffer_num_batches must be >= 1"),
+        ("~experiment,algo=impala,algo.broadcast_interval=0", "algo.broadcast_interval must be >= 1"),
         ("env.rollout_fragment_length=0", "env.rollout_fragment_length must be \"auto\" or an integer >= 1"),
         ("env.num_envs_per_env_runner=0", "env.num_envs_per_env_runner must be >= 1"),
         ("resources.num_cpus=0", "resources.num_cpus must be >= 1"),

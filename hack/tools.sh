@@ -91,8 +91,19 @@ STAGED=()
 cleanup() { local d; for d in "${STAGED[@]+"${STAGED[@]}"}"; do [[ -e "${d}" ]] && chmod -R u+w "${d}" && rm -rf "${d}"; done; return 0; }
 trap cleanup EXIT
 stage() { mkdir -p "${CACHE}"; T="$(mktemp -d "$1.tmp.XXXXXX")"; STAGED+=("${T}"); }  # sets T
+# Callers build only when DIR lacks their product (checked under the phase's lock), so a DIR that already exists is
+# missing it: a folder emptied or left incomplete (a killed run, an older layout; once a helm folder without its bin/
+# kept every later run rebuilding helm and throwing it away). Its entries are replaced by TMP's; other entries stay
+# (KubeRay's and Kueue's folders also hold the cluster phase's bin/).
 publish() { # publish TMP DIR
-  if [[ -e "$2" ]]; then rm -rf "$1"; else mv "$1" "$2"; fi
+  if [[ ! -e "$2" ]]; then mv "$1" "$2"; return 0; fi
+  log "replacing the incomplete ${2#"${CACHE}/"}"
+  local e
+  while IFS= read -r -d '' e; do
+    [[ -e "$2/${e##*/}" ]] && { chmod -R u+w "$2/${e##*/}"; rm -rf "${2:?}/${e##*/}"; }
+    mv "${e}" "$2/"
+  done < <(find "$1" -mindepth 1 -maxdepth 1 -print0)
+  rm -rf "$1"
 }
 
 moddir() { # moddir MODULE@VERSION -> extracted module folder in the Go module cache

@@ -54,14 +54,15 @@ def test_appo_policy_lag_is_measured_and_shows_the_asynchronous_staleness(every_
 
 def test_appo_policy_lag_rises_when_weights_are_broadcast_less_often(every_update, tmp_path):
     # Weights to the env runners after every 8th update instead of every one: the runners act with older weights
-    # (measured here: 3.0 in every reported iteration vs a mean of 0.67). RLlib reports learner results every
+    # (measured here: 3.0 in every reported iteration vs a mean of 0.67, another run 1.55 with single values 0-3:
+    # hence a half-update margin on the means). RLlib reports learner results every
     # broadcast_interval updates too, so the first iterations of this run carry none.
     every_8th = lags(tmp_path / "every-8th", "algo.num_epochs=1", "algo.broadcast_interval=8", iterations=16)
     a = [x for x in every_update if not math.isnan(x)]
     b = [x for x in every_8th if not math.isnan(x)]
     assert a and b and all(x >= 0 for x in a + b), f"lag missing or negative: {every_update} / {every_8th}"
     mean_a, mean_b = sum(a) / len(a), sum(b) / len(b)
-    assert mean_b >= mean_a + 1.0 and mean_b >= 2.0, (
+    assert mean_b >= mean_a + 0.5 and mean_b >= 2.0, (
         f"lag did not rise with the broadcast interval: mean {mean_a:.2f} ({every_update}) vs {mean_b:.2f} "
         f"({every_8th})")
 

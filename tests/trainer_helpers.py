@@ -133,16 +133,15 @@ def run_trainer(*overrides: str, timeout: float = 600, check: bool = True) -> su
         a.startswith("resources.address=") for a in args
     ):
         args.append(f"resources.ray_tmp_dir={short_tmp()}")
-    proc = subprocess.run(
-        trainer_cmd(*args), cwd=REPO, env=trainer_env(), capture_output=True, text=True, timeout=timeout
-    )
-    if proc.returncode == 2 and RAY_DID_NOT_START in proc.stderr:
-        # Ray's fixed 30 s for its raylet to register, missed when make test's two suite groups load both cores
-        # (seen once in a full run): the machine, not the trainer. One more try, said in the test's output.
-        print(f"trainer: {proc.stderr.strip()}; retrying once")
+    for attempt in range(2):
         proc = subprocess.run(
             trainer_cmd(*args), cwd=REPO, env=trainer_env(), capture_output=True, text=True, timeout=timeout
         )
+        if attempt or not (proc.returncode == 2 and RAY_DID_NOT_START in proc.stderr):
+            break
+        # Ray's fixed 30 s for its raylet to register, missed when make test's two suite groups load both cores
+        # (seen once in a full run): the machine, not the trainer. One more try, said in the test's output.
+        print(f"trainer: {proc.stderr.strip()}; retrying once")
     if check and proc.returncode != 0:
         raise AssertionError(
             f"trainer exited {proc.returncode}\n--- stdout ---\n{proc.stdout[-4000:]}\n--- stderr ---\n{proc.stderr[-4000:]}"

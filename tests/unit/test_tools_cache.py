@@ -17,11 +17,16 @@ def _built(cache: Path) -> int:
                           timeout=60).returncode
 
 
-def _products(cache: Path) -> list[Path]:
+def _paths(cache: Path) -> dict[str, str]:
+    """`hack/tools.sh env` for a cache: NAME=path of every product."""
     env = {**os.environ, "RLP_CACHE": str(cache)}
     out = subprocess.run([str(ROOT / "hack" / "tools.sh"), "env"], env=env, capture_output=True, text=True,
                          check=True, timeout=60).stdout
-    kv = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+    return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+
+def _products(cache: Path) -> list[Path]:
+    kv = _paths(cache)
     files = [Path(kv[k]) for k in ("ETCD", "KWOK", "COREDNS", "PAUSE_IMAGE_TAR", "KUBERAY_OPERATOR", "PROMETHEUS_K8S",
                                     "KUEUE")]
     return files + [Path(kv["K8S_BIN"]) / b for b in ("kube-apiserver", "kube-controller-manager", "kube-scheduler",
@@ -47,9 +52,7 @@ def test_an_incomplete_cached_folder_is_completed_not_kept(tmp_path):
     run rebuilt helm and the chart suites failed with `HELM ... is missing` (stop 30's CI)."""
     cache = tmp_path / "cache"
     env = {**os.environ, "RLP_CACHE": str(cache)}
-    out = subprocess.run([str(ROOT / "hack" / "tools.sh"), "env"], env=env, capture_output=True, text=True,
-                         check=True, timeout=60).stdout
-    folder = Path(dict(line.split("=", 1) for line in out.splitlines() if "=" in line)["K8S_SCHEMAS"])
+    folder = Path(_paths(cache)["K8S_SCHEMAS"])
     folder.mkdir(parents=True)
     (folder / "other").write_text("kept")  # e.g. the cluster phase's bin/ in KubeRay's folder
     run = subprocess.run([str(ROOT / "hack" / "tools.sh"), "k8s-schemas"], env=env, capture_output=True, text=True,

@@ -46,3 +46,17 @@ def configure(auth: str = "token", environ: MutableMapping[str, str] = os.enviro
         # Ray was imported before us (a library caller): its node-IP choice reads this at ray.init time.
         constants.ENABLE_RAY_CLUSTER = False
     return f"Ray auth {auth}, listening on {'127.0.0.1' if loopback else 'this machine address (RLP_RAY_LOOPBACK=0)'}"
+
+
+# Ray's message when the local node it starts does not come up in time (ray/_private/node.py: a fixed 30 s for the
+# raylet to register with the GCS, not configurable), and the one line every entry point shows instead.
+STARTUP_TIMEOUT = "timed out during startup"
+DID_NOT_START = "a local Ray did not start"
+
+
+def start_failure(e: BaseException) -> str | None:
+    """The one-line error for Ray's own start-up timeout (it raises a bare Exception), or None for anything else."""
+    if type(e) is not Exception or STARTUP_TIMEOUT not in str(e):
+        return None
+    return (f"{DID_NOT_START}: Ray's raylet did not register with its GCS within Ray's fixed 30 s "
+            "(an overloaded machine: rerun when CPUs are free)")

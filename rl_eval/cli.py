@@ -32,6 +32,8 @@ import sys
 import time
 from typing import Any, Sequence
 
+import embedded_ray
+
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 
@@ -115,8 +117,6 @@ def start_ray(address: str | None, ray_tmp_dir: str | None) -> bool:
     if "ray" in sys.modules and sys.modules["ray"].is_initialized():
         return False  # inside a process that already runs Ray (the trainer): use it as it is
     if address is None:
-        import embedded_ray
-
         embedded_ray.configure("token")
     import ray
 
@@ -131,6 +131,11 @@ def start_ray(address: str | None, ray_tmp_dir: str | None) -> bool:
     except (ConnectionError, TimeoutError, RuntimeError, ValueError) as e:
         raise EvalError(f"cannot start or reach Ray at {address or 'an embedded Ray'!r}: "
                         f"{(str(e).strip().splitlines() or [type(e).__name__])[0]}") from None
+    except Exception as e:  # Ray raises a bare Exception when its own raylet does not register within 30 s
+        msg = embedded_ray.start_failure(e)
+        if msg is None:
+            raise
+        raise EvalError(msg) from None
     return True
 
 

@@ -26,6 +26,8 @@ from typing import Any, Mapping
 
 import yaml
 
+import embedded_ray
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG = Path(__file__).resolve().parent / "serve_config.yaml"
 INGRESS_MODES = ("direct", "proxy")
@@ -160,8 +162,6 @@ def start(
     keeps its own settings.
     """
     if not address:
-        import embedded_ray
-
         ray_mod = sys.modules.get("ray")
         if ray_mod is None or not ray_mod.is_initialized():
             try:
@@ -195,7 +195,13 @@ def start(
                 kwargs["_metrics_export_port"] = int(metrics_port)
             if num_cpus is not None:
                 kwargs["num_cpus"] = int(num_cpus)
-        ray.init(**kwargs)
+        try:
+            ray.init(**kwargs)
+        except Exception as e:  # Ray raises a bare Exception when its own raylet does not register within 30 s
+            msg = embedded_ray.start_failure(e)
+            if msg is None:
+                raise
+            raise LaunchError(msg) from None
     # direct: the replica owns `port`, so the classic proxy moves aside; proxy: the classic proxy binds `port`.
     http_port = (proxy_port or port + 500) if ingress == "direct" else port
     client = serve_api.serve_start(

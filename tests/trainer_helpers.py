@@ -11,7 +11,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from trainer.resources import RAY_DID_NOT_START
+from embedded_ray import DID_NOT_START
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -137,7 +137,7 @@ def run_trainer(*overrides: str, timeout: float = 600, check: bool = True) -> su
         proc = subprocess.run(
             trainer_cmd(*args), cwd=REPO, env=trainer_env(), capture_output=True, text=True, timeout=timeout
         )
-        if attempt or not (proc.returncode == 2 and RAY_DID_NOT_START in proc.stderr):
+        if attempt or not (proc.returncode == 2 and DID_NOT_START in proc.stderr):
             break
         # Ray's fixed 30 s for its raylet to register, missed when make test's two suite groups load both cores
         # (seen once in a full run): the machine, not the trainer. One more try, said in the test's output.

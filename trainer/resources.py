@@ -6,6 +6,7 @@ import os
 import socket
 from typing import Any
 
+import embedded_ray
 from trainer.config import ResourcesConf
 from trainer.errors import TrainerError
 
@@ -104,11 +105,6 @@ def check_token(address: str, timeout_s: float = 5.0) -> None:
                            "RAY_AUTH_TOKEN_PATH / ~/.ray/auth_token): not the cluster's") from None
 
 
-# Ray's message when the local node it starts does not come up in time (ray/_private/node.py), and our one line.
-STARTUP_TIMEOUT = "timed out during startup"
-RAY_DID_NOT_START = "a local Ray did not start"
-
-
 def init_ray(res: ResourcesConf) -> None:
     import ray
 
@@ -124,10 +120,10 @@ def init_ray(res: ResourcesConf) -> None:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise TrainerError(f"cannot connect to Ray at {where!r}: {first}") from e
     except Exception as e:  # Ray raises a bare Exception when its own raylet does not register within 30 s
-        if STARTUP_TIMEOUT not in str(e):
+        msg = embedded_ray.start_failure(e)
+        if msg is None:
             raise
-        raise TrainerError(f"{RAY_DID_NOT_START}: Ray's raylet did not register with its GCS within Ray's fixed 30 s "
-                           "(an overloaded machine: rerun when CPUs are free)") from e
+        raise TrainerError(msg) from e
 
 
 def placement(res: ResourcesConf) -> tuple[dict[str, Any], dict[str, Any]]:

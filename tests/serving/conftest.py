@@ -27,6 +27,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from embedded_ray import DID_NOT_START  # noqa: E402
 from make_checkpoint import make_module_checkpoint  # noqa: E402
 
 from rl_checkpoint import resolve  # noqa: E402
@@ -123,16 +124,25 @@ class ServerProcess:
         self.policies = dict(policies)
         self.user_config = user_config
         self.write_config(policies)
-        self.events: queue.Queue = queue.Queue()
         self.log_path = workdir / "server.log"
         self._log = open(self.log_path, "w")
         cmd = [sys.executable, "-m", "serving", "--config", str(self.config_path), "--port", str(self.port),
                "--proxy-port", str(proxy_port), "--metrics-port", str(self.metrics_port),
                "--temp-dir", str(workdir / "ray"), "--num-cpus", "2", *extra_args]
         env = {**subprocess_env(), "RL_PLATFORM_CHECKPOINT_CACHE": str(self.checkpoint_cache)}
-        self.proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=self._log, text=True)
-        threading.Thread(target=self._read, daemon=True).start()
-        self.wait_event("ready", 300)
+        for attempt in range(2):
+            self.events: queue.Queue = queue.Queue()
+            self.proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=self._log, text=True)
+            threading.Thread(target=self._read, daemon=True).start()
+            try:
+                self.wait_event("ready", 300)
+                return
+            except AssertionError:
+                if attempt or self.proc.poll() is None or DID_NOT_START not in self.log_tail():
+                    raise
+            # Ray's fixed 30 s for its raylet to register, missed when make test's two suite groups load both cores
+            # (seen in CI): the machine, not the server. One more try, said in the test's output.
+            print(f"server: {DID_NOT_START}; retrying once")
 
     def write_config(self, policies: dict[str, str], check_paths: bool = True) -> None:
         cfg = launch.with_overrides(launch.load_config(), policies=policies, user_config=self.user_config,

@@ -190,9 +190,10 @@ def host_port(name: str, port: int) -> int:
     return int(hp)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def serve_container(cpu_image, trainer_run) -> ServeContainer:
-    """The CPU image serving the smoke run's checkpoint (mounted read-only), ports published on 127.0.0.1."""
+    """The CPU image serving the smoke run's checkpoint (mounted read-only), ports published on 127.0.0.1. Removed
+    after its module: a Serve instance left running until the session's end costs the suites after it CPU."""
     assert trainer_run.returncode == 0 and trainer_run.summary, "the trainer smoke run failed; nothing to serve"
     ckpt = trainer_run.checkpoint_on_host()
     name = f"rlp-test-serve-{uuid.uuid4().hex[:8]}"

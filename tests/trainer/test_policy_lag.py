@@ -1,7 +1,7 @@
 """Policy lag (trainer/policy_lag.py) through the real entry point: APPO on CartPole with a remote env runner and a
 remote learner (asynchronous updates) must log a non-negative lag in most iterations and train on stale weights (lag
->= 1) at some point; the lag must rise when the env runners get new weights less often (`algo.broadcast_interval`);
-PPO (synchronous) measures exactly 0.
+>= 1) at some point; the lag must rise when the env runners get new weights less often (`algo.broadcast_interval`).
+PPO (synchronous) measures exactly 0: asserted on test_training.py's PPO run.
 
 What a slowed learner does to the lag in RLlib 2.58 (measured on this 2-core machine, 16 iterations, 8 envs per
 runner): nothing that rises. With APPO's circular buffer the lag went 0.67 -> 1.00 (1 vs 60 SGD passes), 1.33 ->
@@ -66,10 +66,3 @@ def test_appo_policy_lag_rises_when_weights_are_broadcast_less_often(every_updat
         f"lag did not rise with the broadcast interval: mean {mean_a:.2f} ({every_update}) vs {mean_b:.2f} "
         f"({every_8th})")
 
-
-def test_ppo_policy_lag_is_zero(tmp_path):
-    out = tmp_path / "ppo"
-    run_trainer("stop.iterations=3", "evaluation=off", "stop.episode_return_mean=null", f"output_dir={out}",
-                f"resources.ray_tmp_dir={short_tmp()}", timeout=600)
-    rows = list(csv.DictReader((out / "progress.csv").open()))
-    assert [float(r["policy_lag"]) for r in rows] == [0.0, 0.0, 0.0]

@@ -46,6 +46,9 @@ def test_cartpole_ppo_learns_and_writes_every_artifact(tmp_path):
     rows = list(csv.DictReader((out / "progress.csv").open()))
     assert [int(r["iteration"]) for r in rows] == list(range(1, summary["iterations"] + 1))
     assert int(rows[-1]["env_steps"]) == summary["env_steps"]
+    # PPO is synchronous: every batch was acted with the weights it trains (trainer/policy_lag.py; APPO's lag is
+    # tests/trainer/test_policy_lag.py's).
+    assert [float(r["policy_lag"]) for r in rows] == [0.0] * len(rows), [r["policy_lag"] for r in rows]
     assert list((out / "tb").glob("events.out.tfevents.*"))
     assert (out / "learning_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     config = yaml.safe_load((out / "config.yaml").read_text())

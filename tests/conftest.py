@@ -41,6 +41,18 @@ def pytest_collection_modifyitems(items):
 
 
 @pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item, nextitem):
+    # A suite's last test has run: its registered clean-ups (trainer_helpers.at_suite_end) run now, not at the end of
+    # the session (the suites are contiguous: pytest_collection_modifyitems sorts by SUITE_ORDER).
+    suite = _suite(item)
+    if suite and nextitem is not None and _suite(nextitem) != suite:
+        from trainer_helpers import SUITE_END
+
+        for fn in reversed(SUITE_END.pop(suite, [])):
+            fn()
+
+
+@pytest.hookimpl(trylast=True)
 def pytest_unconfigure(config):
     # A whole run once ended in a segmentation fault after its summary (interpreter shutdown: a C extension's
     # threads or atexit handlers), so `make test` failed with every test passed and nothing to go on. pytest's own

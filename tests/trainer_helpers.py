@@ -95,6 +95,16 @@ def stop_process(proc: subprocess.Popen, sig: int, timeout_s: float = 30) -> int
     return proc.returncode
 
 
+# Clean-ups to run right after the last test of a suite (tests/<suite>/; tests/conftest.py runs them): session
+# fixtures whose processes (a policy server and its Ray) would otherwise idle through every later suite of `make
+# test` and take CPU from them. The fixture's own teardown still runs at the session's end: make both idempotent.
+SUITE_END: dict[str, list] = {}
+
+
+def at_suite_end(suite: str, fn) -> None:
+    SUITE_END.setdefault(suite, []).append(fn)
+
+
 def wait_for_port(port: int, proc: subprocess.Popen, timeout_s: float, what: str) -> None:
     """Until 127.0.0.1:`port` accepts a connection; fails naming `what` if `proc` exits or `timeout_s` passes."""
     import socket

@@ -92,21 +92,9 @@ def rl_policy(registry, *args: str) -> subprocess.CompletedProcess:
     return run(sys.executable, "-m", "rl_checkpoint.policy_cli", "--registry", str(registry), *args, timeout=120)
 
 
-@pytest.fixture(scope="module")
-def expert(serving_workdir) -> str:
-    """The policy to serve and imitate: greedy return 500 on 20 evaluation episodes. BC can only be as good as
-    the policy it imitates: `solved_cartpole` (greedy 475 on 10 episodes) returned 470.6 over the 40 episodes
-    it played here, and BC from its log fell under 450 in one run of three (446.3)."""
-    out = serving_workdir / "train_expert"
-    proc = run(sys.executable, "-m", "trainer", f"output_dir={out}", "stop.episode_return_mean=null",
-               "stop.eval_return_mean=500", "evaluation.interval=2", "evaluation.episodes=20", "seed=1",
-               f"resources.ray_tmp_dir={serving_workdir / 'ray_expert'}")
-    assert proc.returncode == 0, f"trainer failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-    return json.loads(proc.stdout.strip().splitlines()[-1])["checkpoint"]
-
-
 def test_bc_from_the_served_policys_log_reaches_450_and_estimates_rank_the_solved_policy_first(
-        serving_workdir, expert, cartpole_checkpoint):
+        serving_workdir, solved_cartpole, cartpole_checkpoint):
+    expert = solved_cartpole  # greedy 500 on 20 episodes (conftest.py): the policy to serve and imitate
     t0 = time.monotonic()
     work = serving_workdir / "flywheel"
     work.mkdir()

@@ -11,12 +11,10 @@ PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 # Hydra overrides for `make train`, e.g. `make train ARGS="experiment=pong_ppo stop.iterations=2"`.
 ARGS ?=
-# `make test` runs the suites one after the other in SUITE_ORDER (tests/conftest.py) while the builds run behind.
-# TEST_WORKERS=2 runs its two suite groups side by side instead (pytest-xdist, one worker per group): the default on a
-# machine with 4 or more cores once nothing is left to compile for the cluster tier. On 2 cores it costs time: the
-# local-Ray suites and the cluster's Ray pods share the cores (load 11-14), each runs 2-2.5x slower, and Ray's own
-# fixed 30 s start-up wait is missed (bench/results/make_test_side_by_side.json).
-TEST_WORKERS ?= $(if $(CLUSTER_TIER),$(shell [ "$$(nproc)" -ge 4 ] && hack/tools.sh built cluster >/dev/null 2>&1 && echo 2 || echo 0),$(shell [ "$$(nproc)" -ge 4 ] && echo 2 || echo 0))
+# `make test` runs its two suite groups side by side (tests/conftest.py SUITE_GROUPS) when nothing is left to compile
+# for the cluster tier; on a cold machine (its Go builds are the critical path, and a suite beside them slows them
+# more than it gains) or with TEST_WORKERS=0, one after the other in this process while the builds run behind.
+TEST_WORKERS ?= $(if $(CLUSTER_TIER),$(shell hack/tools.sh built cluster >/dev/null 2>&1 && echo 2 || echo 0),2)
 # Targets the full test suite needs first (fragments append, e.g. the chart tools).
 TEST_PREREQS :=
 

@@ -32,7 +32,7 @@ from make_checkpoint import make_module_checkpoint  # noqa: E402
 
 from rl_checkpoint import resolve  # noqa: E402
 from serving import launch  # noqa: E402
-from trainer_helpers import at_suite_end, free_port, free_ports, stop_process  # noqa: E402
+from trainer_helpers import at_suite_end, free_port, free_ports, run_trainer, stop_process  # noqa: E402
 
 
 def subprocess_env() -> dict[str, str]:
@@ -72,10 +72,9 @@ def serving_workdir():
 def cartpole_checkpoint(serving_workdir) -> str:
     """trainer -> checkpoint: one PPO iteration through the real entry point."""
     out = serving_workdir / "train_cartpole"
-    cmd = [sys.executable, "-m", "trainer", f"output_dir={out}", "stop.iterations=1",
-           f"resources.ray_tmp_dir={serving_workdir / 'ray_train'}"]
-    proc = subprocess.run(cmd, cwd=REPO, env=subprocess_env(), capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, f"trainer failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    overrides = [f"output_dir={out}", "stop.iterations=1",
+                 f"resources.ray_tmp_dir={serving_workdir / 'ray_train'}"]
+    proc = run_trainer(*overrides, timeout=900)  # fails with its output; retries Ray's start-up timeout once
     ckpt = json.loads(proc.stdout.strip().splitlines()[-1])["checkpoint"]
     assert resolve(ckpt).metadata is not None
     return ckpt
@@ -88,11 +87,10 @@ def solved_cartpole(serving_workdir) -> str:
     loop imitates it (BC is only as good as the policy it imitates: one that reached greedy 475 on 10 episodes
     returned 470.6 over the 40 episodes played there, and BC from its log fell under 450 in one run of three)."""
     out = serving_workdir / "train_solved"
-    cmd = [sys.executable, "-m", "trainer", f"output_dir={out}", "stop.episode_return_mean=null",
-           "stop.eval_return_mean=500", "evaluation.interval=2", "evaluation.episodes=20", "seed=1",
-           f"resources.ray_tmp_dir={serving_workdir / 'ray_solved'}"]
-    proc = subprocess.run(cmd, cwd=REPO, env=subprocess_env(), capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, f"trainer failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    overrides = [f"output_dir={out}", "stop.episode_return_mean=null",
+                 "stop.eval_return_mean=500", "evaluation.interval=2", "evaluation.episodes=20", "seed=1",
+                 f"resources.ray_tmp_dir={serving_workdir / 'ray_solved'}"]
+    proc = run_trainer(*overrides, timeout=900)  # fails with its output; retries Ray's start-up timeout once
     return json.loads(proc.stdout.strip().splitlines()[-1])["checkpoint"]
 
 
@@ -198,11 +196,10 @@ class ServerProcess:
 def s3_run(s3, serving_workdir) -> str:
     """trainer -> s3:// : two tiny PPO iterations with a checkpoint after each, written to the local S3 server."""
     uri = s3.uri("serve-run")
-    cmd = [sys.executable, "-m", "trainer", f"output_dir='{uri}'", "stop.iterations=2", "stop.episode_return_mean=null",
-           "checkpoint.every_n_iterations=1", "algo.train_batch_size=256", "algo.minibatch_size=64",
-           "algo.num_epochs=1", f"resources.ray_tmp_dir={serving_workdir / 'ray_train_s3'}"]
-    proc = subprocess.run(cmd, cwd=REPO, env=subprocess_env(), capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, f"trainer failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    overrides = [f"output_dir='{uri}'", "stop.iterations=2", "stop.episode_return_mean=null",
+                 "checkpoint.every_n_iterations=1", "algo.train_batch_size=256", "algo.minibatch_size=64",
+                 "algo.num_epochs=1", f"resources.ray_tmp_dir={serving_workdir / 'ray_train_s3'}"]
+    proc = run_trainer(*overrides, timeout=900)  # fails with its output; retries Ray's start-up timeout once
     return uri
 
 

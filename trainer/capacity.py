@@ -5,7 +5,11 @@ The request: every env runner and learner actor is a bundle of Ray resources (CP
 resources); a Tune trial adds one CPU for its driver actor. It fits when each bundle fits on some node and the sum
 fits the cluster. An embedded Ray cannot grow: a misfit fails at once. A cluster may add nodes (KubeRay
 autoscaler): the trainer waits up to `resources.wait_for_resources_s` for nodes to join, then fails, unless the
-autoscaler reported its node groups' maxima and even those cannot fit the request (fail at once).
+autoscaler reported its node groups' maxima and even those cannot fit the request (fail at once). While it waits,
+the request is posted to the autoscaler (Ray's `request_resources`): an autoscaler adds nodes for pending actors, and
+the trainer creates none until they fit, so without it a group at zero (KubeRay `minReplicas: 0`) would never grow.
+The request is withdrawn as soon as the nodes are there (the actors then hold them; idle nodes can go after the run)
+or the wait fails.
 """
 
 from __future__ import annotations
@@ -94,7 +98,15 @@ def _autoscaler_maxima() -> dict[str, float] | None:
         return None
 
 
-def check_capacity(cfg, log: Callable[[str], None], nodes: Callable[[], list[Bundle]] = _alive_nodes) -> None:
+def _ask_autoscaler(bundles: list[Bundle]) -> None:
+    """Post `bundles` as this cluster's standing resource request; [] withdraws it (Ray's autoscaler SDK)."""
+    from ray.autoscaler.sdk import request_resources
+
+    request_resources(bundles=[dict(b) for b in bundles])
+
+
+def check_capacity(cfg, log: Callable[[str], None], nodes: Callable[[], list[Bundle]] = _alive_nodes,
+                   ask: Callable[[list[Bundle]], None] = _ask_autoscaler) -> None:
     res = cfg.resources
     req = request(cfg)
     why = shortfall(req, nodes())
@@ -110,14 +122,19 @@ def check_capacity(cfg, log: Callable[[str], None], nodes: Callable[[], list[Bun
             raise TrainerError(f"resources: {why}, and the autoscaler can grow to at most "
                                + ", ".join(f"{k} {maxima.get(k, 0):g}" for k in sorted(over)) + f": {fix}")
     wait = float(res.wait_for_resources_s)
-    log(f"waiting up to {wait:g}s for the cluster to add nodes: {why}")
-    deadline = time.monotonic() + wait
-    while time.monotonic() < deadline:
-        time.sleep(min(2.0, max(0.0, deadline - time.monotonic())))
-        why = shortfall(req, nodes())
-        if why is None:
-            log("the cluster now fits the request")
-            return
+    log(f"waiting up to {wait:g}s for the cluster to add nodes (asked its autoscaler for them): {why}")
+    t0 = time.monotonic()
+    deadline = t0 + wait
+    ask([b for _, b in req if b])
+    try:
+        while time.monotonic() < deadline:
+            time.sleep(min(2.0, max(0.0, deadline - time.monotonic())))
+            why = shortfall(req, nodes())
+            if why is None:
+                log(f"the cluster now fits the request (after {time.monotonic() - t0:.0f}s)")
+                return
+    finally:
+        ask([])  # a standing request would keep the nodes after the run (or grow them after a failed wait)
     raise TrainerError(f"resources: {why}; no node that fits joined in {wait:g}s (resources.wait_for_resources_s): "
                        f"check the cluster's worker groups and autoscaler, or {fix}")
 

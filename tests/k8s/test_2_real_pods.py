@@ -102,7 +102,7 @@ def test_cartpole_rayjob_succeeds_and_writes_its_checkpoint(real: Cluster):
     real.delete_ray("rayjobs", name)
 
 
-PREEMPT_STEPS = 100_000
+PREEMPT_STEPS = 60_000
 PREEMPT_KEEP_HEAD_S = 5
 
 

@@ -81,14 +81,33 @@ def test_a_cluster_waits_for_nodes_then_fails_naming_the_resource():
 
     c = cfg(num_env_runners=1, rollout_resource="rollout_pool", address="head:6379", wait_for_resources_s=0.5)
     with pytest.raises(TrainerError, match=r"rollout_pool.*0.5s"):
-        check_capacity(c, print, nodes=nodes)
+        check_capacity(c, print, nodes=nodes, ask=lambda b: None)
     assert len(calls) >= 2  # looked again before giving up
 
 
 def test_a_cluster_that_grows_in_time_passes():
     seen = iter([CPU2] + [CPU2 + [{"CPU": 1.0, "rollout_pool": 1.0}]] * 100)
     c = cfg(num_env_runners=1, rollout_resource="rollout_pool", address="head:6379", wait_for_resources_s=30)
-    check_capacity(c, print, nodes=lambda: next(seen))
+    asked = []
+    check_capacity(c, print, nodes=lambda: next(seen), ask=asked.append)
+    # The autoscaler was asked for the missing actors while the trainer waited (it scales only for pending demand,
+    # and none is pending before the actors exist), then the request was withdrawn.
+    assert asked == [[{"CPU": 1.0, "rollout_pool": 1.0}], []], asked
+
+
+def test_a_failed_wait_withdraws_its_request_from_the_autoscaler():
+    asked = []
+    c = cfg(num_env_runners=1, rollout_resource="rollout_pool", address="head:6379", wait_for_resources_s=0.2)
+    with pytest.raises(TrainerError, match="rollout_pool"):
+        check_capacity(c, print, nodes=lambda: CPU2, ask=asked.append)
+    assert asked == [[{"CPU": 1.0, "rollout_pool": 1.0}], []], asked
+
+
+def test_a_request_that_fits_asks_the_autoscaler_for_nothing():
+    asked = []
+    c = cfg(num_env_runners=1, rollout_resource="rollout_pool", address="head:6379")
+    check_capacity(c, print, nodes=lambda: [{"CPU": 2.0, "rollout_pool": 1.0}], ask=asked.append)
+    assert asked == []
 
 
 # Shapes whose request RLlib must agree with: env runners (+ pool), evaluation runners, learners with and without

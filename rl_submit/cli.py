@@ -205,6 +205,21 @@ class Renderer:
             raise Problem(f"the chart rendered no single RayJob from {self.chart} (rayJob.enabled?)")
         return docs[0]
 
+    def values_overrides(self) -> list[str] | None:
+        """`rayJob.overrides` as the values decide it (the chart's default, then each -f file: helm replaces lists),
+        or None when a --set writes it (helm's --set syntax is not re-implemented here)."""
+        if any(s.startswith("rayJob.overrides") for s in self.sets):
+            return None
+        proc = subprocess.run([self.helm, "show", "values", self.chart], capture_output=True, text=True)
+        docs = [yaml.safe_load(proc.stdout) if proc.returncode == 0 else None]
+        docs += [yaml.safe_load(Path(v).read_text()) for v in self.values if Path(v).is_file()]
+        found: list[str] = []
+        for d in docs:
+            job = (d or {}).get("rayJob") or {}
+            if isinstance(job, dict) and isinstance(job.get("overrides"), list):
+                found = [str(o) for o in job["overrides"]]
+        return found
+
     def render_cluster(self) -> dict:
         """The release's long-running RayCluster as these values render it (what --use-existing-cluster runs on)."""
         docs = self._template("templates/raycluster.yaml", {"rayCluster.enabled": True}, "the release's RayCluster")
@@ -233,9 +248,15 @@ def build_rayjob(r: Renderer, overrides: list[str], name: str | None, cluster: s
     rest = [o for o in rest if o not in dropped]
     # A first render with the values alone gives what the chart and values decide: the name prefix, the
     # experiment, the results folder and the overrides tied to the cluster shape (the user's go after them).
-    probe = r.render(name="x")
+    # The probe carries the user's overrides too: the chart checks them against the cluster shape (e.g. a values file
+    # with no rollout group is fine with resources.num_env_runners=0 on the command line).
+    from_values = r.values_overrides()
+    tail = rest if from_values is not None else []
+    probe = r.render(name="x", **({"overrides": [shell_word(o) for o in from_values + tail]}
+                                  if from_values is not None else {}))
     prefix = probe["metadata"]["name"][:-1]
     base = trainer_args(probe)
+    base = base[:len(base) - len(tail)]
     n_fixed = next((i for i, a in enumerate(base) if not a.startswith(FIXED)), len(base))
     base_experiment, base_output, _ = split_overrides(base[:n_fixed])
     experiment = experiment or base_experiment

@@ -116,6 +116,20 @@ def test_dry_run_is_exactly_what_helm_renders_for_the_same_values():
 
 
 @needs_helm
+def test_a_shape_without_a_pool_is_submittable_with_the_override_the_chart_asks_for():
+    # No rollout group: the chart asks for resources.num_env_runners=0, and rl-submit takes it from the command line.
+    shape_args = ("--set", "workerGroups.rollout-cpu.enabled=false")
+    refused = rl_submit("--dry-run", *shape_args)
+    assert refused.returncode == 2 and "resources.num_env_runners=0" in refused.stderr, refused.stderr
+    job = dry_run(*shape_args, "--name", "t3", "resources.num_env_runners=0", "algo.lr=0.001")
+    argv = shlex.split(job["spec"]["entrypoint"])
+    values = yaml.safe_load((ROOT / "k8s" / "values" / "cartpole.yaml").read_text())["rayJob"]["overrides"]
+    # The values' overrides once, then the user's, in order.
+    assert argv[-len(values) - 2:] == values + ["resources.num_env_runners=0", "algo.lr=0.001"], argv
+    assert [g["groupName"] for g in job["spec"]["rayClusterSpec"]["workerGroupSpecs"]] == ["learner-cpu"]
+
+
+@needs_helm
 def test_experiment_picks_name_label_and_its_own_output_folder():
     job = dry_run("experiment=pong_ppo")
     name = job["metadata"]["name"]

@@ -5,7 +5,8 @@ maxReplicas: 1` and a short `idleTimeoutSeconds`: the RayCluster starts with no 
 `learner_pool` (its learner actor); the autoscaler raises the group to 1 (it patches the RayCluster, KubeRay makes the
 pod), the job trains to SUCCEEDED, and once the learner is idle for its timeout the autoscaler takes the group back
 to 0 while the head stays (under autoscaling the chart's clean-up deletes the whole cluster `keepHeadSeconds` after
-the end: KubeRay refuses DeleteWorkers there). Figures: apply -> learner pod Running, SUCCEEDED -> learner pod gone.
+the end: KubeRay refuses DeleteWorkers there). Figures (k8s_session.figures and bench/results/k8s_autoscale.json):
+apply -> learner pod Running, SUCCEEDED -> learner pod gone.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import yaml
 from kubekit import (CARTPOLE_VALUES, HOST_STORAGE, NAMESPACE, ROOT, Cluster, dump, fresh_start, helm_path,
                      job_diagnostics, sh, wait_job, wait_until)
 
+RESULTS = ROOT / "bench" / "results" / "k8s_autoscale.json"
 NAME = "scale"
 IDLE_S = 30  # the chart's learner default (values.yaml learner-gpu): long enough for RLlib to place the learner
 TRAIN = ["stop.iterations=2", "stop.episode_return_mean=null", "evaluation=off", "registry.root=null",
@@ -91,5 +93,12 @@ def test_learner_group_scales_from_zero_for_a_job_and_back_to_zero_when_idle(clu
         c.figures["level_b_autoscale_succeeded_to_learner_gone_s"] = round(time.monotonic() - t_end, 1)
         assert _live(c.pods(f"ray.io/cluster={rc},ray.io/node-type=head")), f"the head of {rc} went with the learner"
         assert pod.metadata.name not in {p.metadata.name for p in c.pods(learners)}
+        RESULTS.write_text(json.dumps({
+            "_about": "tests/k8s/test_2g_autoscaling.py on the local cluster tier, level B (2 cores, one real node): a "
+                      "CartPole RayJob (2 iterations) whose CPU learner group starts at 0 under Ray's autoscaler v2",
+            "learner_idle_timeout_s": IDLE_S,
+            "apply_to_learner_running_s": c.figures["level_b_autoscale_apply_to_learner_running_s"],
+            "succeeded_to_learner_gone_s": c.figures["level_b_autoscale_succeeded_to_learner_gone_s"],
+        }, indent=2, sort_keys=True) + "\n")
     finally:
         c.delete_ray("rayjobs", name, wait_pods=False)

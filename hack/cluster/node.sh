@@ -1050,5 +1050,9 @@ case "${1:-}" in
   down) cmd_down ;;
   status) cmd_status ;;
   host-snapshot) cmd_host_snapshot ;;
-  *) echo "usage: $0 up|down|status|host-snapshot" >&2; exit 2 ;;
+  # The host packages `up` installs when missing (apt), alone: the tests install them before photographing the host,
+  # so that a package's own files and firewall (nftables' /etc/nftables.conf, and `nft` then listing Docker's rules)
+  # are part of the picture rather than counted as the cluster's leftovers.
+  packages) ensure_packages ;;
+  *) echo "usage: $0 up|down|status|host-snapshot|packages" >&2; exit 2 ;;
 esac

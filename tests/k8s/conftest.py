@@ -86,6 +86,11 @@ def _local_cluster(s: _Session, level: str) -> Cluster:
     status = sh(str(ROOT / "hack" / "cluster.sh"), "status", check=False)
     if s.before is None:
         s.preexisting = status.returncode == 0
+        if not s.preexisting:
+            # A Level B node installs the host packages it lacks (apt: containerd, nftables, ...): installed now, the
+            # packages and what they bring are the host before the cluster, not a change the tear-down left behind
+            # (a new machine's CI run otherwise sees /etc/nftables.conf and every Docker nft rule "added").
+            sh(str(ROOT / "hack" / "cluster" / "node.sh"), "packages", timeout=600)
         s.before = None if s.preexisting else snapshot()
     t0 = time.monotonic()
     # Exactly what the README tells users: make deploy-cluster (brings the cluster up, installs the release).

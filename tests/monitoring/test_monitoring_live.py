@@ -110,12 +110,15 @@ def _premises(live: dict) -> dict[str, str | None]:
     """Each shared reason -> None when its premise holds in this run, else what contradicts it."""
     prom, cfg = live["prom"], live["serve_config"]
     gpus = sorted(str(p) for p in Path("/dev").glob("nvidia*"))
-    nodes = prom.query("count(ray_node_cpu_utilization)")
+    # Over the run's whole window, not at this instant: the Ray whose nodes are counted may be gone by now (its series
+    # are stale once its last scrape fails: a cold CI run read `[]` here).
+    counted = prom.query_range("count(ray_node_cpu_utilization)", live["start"], live["end"], STEP_S)
+    nodes = sorted({v for series in counted for _, v in series["values"]})
     app = (ROOT / "serving" / "app.py").read_text()
     multiplexed = [str(p.relative_to(ROOT)) for p in (ROOT / "serving").rglob("*.py") if "multiplex" in p.read_text()]
     return {
         _NO_GPU: f"GPU devices {gpus}" if gpus else None,
-        _ONE_NODE: None if nodes and nodes[0]["value"][1] == "1" else f"count(ray_node_cpu_utilization) = {nodes}",
+        _ONE_NODE: None if nodes == ["1"] else f"count(ray_node_cpu_utilization) over the run took values {nodes}",
         _NO_GRPC: f"serve config has grpc_options {cfg['grpc_options']}" if cfg.get("grpc_options") else None,
         _NO_APP_ERRORS: None if re.search(r"except Exception:.*\n(?:.*\n){0,4}.*\"internal_error\".*500", app) else
         "serving/app.py has no catch-all `except Exception` answering 500 internal_error",

@@ -43,7 +43,7 @@ sys.path.insert(0, str(ROOT / "hack"))
 import promconfig  # noqa: E402
 from chartkit import Tools, tool_env  # noqa: E402
 from promkit import Prometheus, dashboard_queries, resolve_variables, rule_queries, underlying  # noqa: E402
-from trainer_helpers import RayHead, free_ports, stop_process  # noqa: E402
+from trainer_helpers import RayHead, free_ports, stop_process, wait_for  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.monitoring]
 REPORT = ROOT / "bench" / "results" / "monitoring_live.json"
@@ -104,13 +104,6 @@ EXPECTED_EMPTY: dict[tuple[str, str], str] = {
                                                         "a fixed one-node Ray has none",
     ("rl-platform.nodes", "RayWorkerDown"): _ONE_NODE + " (up{ray_io_node_type=\"worker\"} has no series)",
 }
-
-
-def _poll(what: str, done, why, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while not done():
-        assert time.monotonic() < deadline, f"waited {timeout:.0f} s for {what}: {why()}"
-        time.sleep(0.5)
 
 
 def _premises(live: dict) -> dict[str, str | None]:
@@ -336,18 +329,19 @@ def live(tmp_path_factory):
         assert train.wait(timeout=300) == 130, (work / "train.log").read_text()[-4000:]
         stop.set()
         traffic.join(timeout=15)
-        # The figures are read at `end`: by then the server's episode counters in Prometheus must hold every episode
-        # the clients finished (Ray exports every 2 s, Prometheus scrapes every 2 s) and the canary rules must have
-        # been evaluated after that scrape; read at once, the rules' means missed the last episodes.
-        played = {v: len(eps) for v, eps in episodes.items() if v != "mixed" and eps}
+        # The figures are read at `end`: by then the server's episode counters in Prometheus hold every episode the
+        # clients finished (Ray exports every 2 s, Prometheus scrapes every 2 s) and the canary rules were evaluated
+        # after that scrape, so the rules and the clients describe the same episodes.
+        played = {v: float(len(eps)) for v, eps in episodes.items() if v != "mixed" and eps}
         counted_q = f'sum by (version) (ray_rl_serve_episodes_total{{policy="{SPLIT}"}})'
-        _poll("Prometheus to count every episode the clients played", lambda: _by(
-            prom, counted_q, time.time(), "version") == {v: float(n) for v, n in played.items()},
-            lambda: f"clients {played}, Prometheus {_by(prom, counted_q, time.time(), 'version')}")
+        wait_for(lambda: _by(prom, counted_q, time.time(), "version") == played, 60,
+                 f"Prometheus to count every episode the clients played {played}",
+                 interval=0.5, on_timeout=lambda: _by(prom, counted_q, time.time(), "version"))
         counted_at = time.time()
         rule_q = f'min(timestamp(rl_platform:policy_version_return_mean:canary_window{{policy="{SPLIT}"}}))'
-        _poll("the canary rules to be evaluated after that", lambda: (r := prom.query(rule_q)) and float(
-            r[0]["value"][1]) > counted_at, lambda: f"{rule_q} = {prom.query(rule_q)}, counted at {counted_at}")
+        wait_for(lambda: (r := prom.query(rule_q)) and float(r[0]["value"][1]) > counted_at, 60,
+                 f"the canary rules to be evaluated after {counted_at}", interval=0.5,
+                 on_timeout=lambda: prom.query(rule_q))
         dash_health = requests.get(f"http://127.0.0.1:{head.dashboard_port}/api/prometheus_health", timeout=30)
         yield {"prom": prom, "docs": docs, "rules": rules, "start": t0, "end": time.time(), "counts": counts,
                "episodes": episodes, "dashboard_health": dash_health, "setup_s": time.time() - t0,

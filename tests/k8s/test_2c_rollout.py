@@ -125,7 +125,7 @@ def test_rollout_updates_the_rayservice_in_place_with_no_failed_request(real: Cl
         cmd = [str(Path(sys.executable).parent / "rl-rollout"), "start", "default", f"{POD_STORAGE}/{rel}",
                "--rayservice", name, "-n", NAMESPACE, "--server", url, "--steps", "50,100", "--interval", "6",
                "--min-episodes", "3", "--min-requests", "3", "--drain-timeout", "60", "--apply-timeout", "300",
-               "--json"]
+               "--max-p99-ms", "5000", "--json"]  # not a latency test: a loaded 2-core node is slow for both versions
         proc = subprocess.run(cmd, cwd=ROOT, env={**os.environ, **real.env}, capture_output=True, text=True,
                               timeout=900)
     finally:

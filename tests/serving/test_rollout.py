@@ -47,6 +47,12 @@ BIN = Path(sys.executable).parent
 INTERVAL_S = 3
 # CartPole episodes are capped at 100 steps: a solved policy's episode is 100 requests, a random one's ~20.
 MAX_STEPS = 100
+# The p99 bound for rollouts whose subject is not latency: on a loaded 2-core CI machine every version's p99
+# reached 650-900 ms at times (the default bound is 500 ms); the latency rule has its own case (`slow` below).
+NOT_LATENCY = ("--max-p99-ms", "5000")
+# The weak champion of the promotion tests is the seeded untrained module (cartpole_v2_checkpoint), weak by
+# construction: the one-iteration trained checkpoint is usually weak, but one run's greedy policy held all its 142
+# episodes to the 100-step cap, and "the candidate beats the champion" had nothing to show.
 
 
 @pytest.fixture(scope="module")
@@ -96,13 +102,13 @@ def _events(record: dict) -> list[str]:
 
 
 def test_good_candidate_is_promoted_step_by_step_and_survives_a_controller_restart(
-        srv, cartpole_checkpoint, solved_cartpole):
-    _set_champion(srv, cartpole_checkpoint)
-    weak_id, good_id = resolve(cartpole_checkpoint).checkpoint_id, resolve(solved_cartpole).checkpoint_id
+        srv, cartpole_v2_checkpoint, solved_cartpole):
+    _set_champion(srv, cartpole_v2_checkpoint)
+    weak_id, good_id = resolve(cartpole_v2_checkpoint).checkpoint_id, resolve(solved_cartpole).checkpoint_id
     with EpisodeClients(srv.base, "cp", clients=6, max_steps=MAX_STEPS) as clients:
         ctl = subprocess.Popen(_rollout(srv, "start", "cp", solved_cartpole, "--steps", "5,25,50,100",
                                         "--interval", str(INTERVAL_S), "--min-episodes", "5",
-                                        "--drain-timeout", "60"),
+                                        "--drain-timeout", "60", *NOT_LATENCY),
                                cwd=REPO, env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                text=True)
         try:
@@ -141,7 +147,7 @@ def test_sabotaged_candidate_is_rolled_back_on_returns_at_its_first_step(srv, so
         # At 5% of new sessions the candidate ends ~1 episode per 20 champion ones (of 100 steps each): give the
         # step up to 40 intervals to see 5 of them (Binomial; 10 intervals fell short now and then).
         code, record, out = _run(srv, "start", "cp", cartpole_v2_checkpoint, "--interval", str(INTERVAL_S),
-                                 "--min-episodes", "5", "--max-hold", "40", "--drain-timeout", "60")
+                                 "--min-episodes", "5", "--max-hold", "40", "--drain-timeout", "60", *NOT_LATENCY)
     assert code == 3, out
     assert record["status"] == "rolled_back" and "return" in record["reason"], record
     assert "advance" not in _events(record), record["history"]
@@ -305,7 +311,7 @@ def test_detach_then_ctrl_c_then_resume_finishes_the_rollout(srv, solved_cartpol
     # 5 s intervals: from its first interval the resumed controller needs at least 3 more (advance, advance,
     # promote), so the Ctrl-C below lands mid-rollout even on a loaded machine.
     flags = ("--steps", "25,50,100", "--interval", "5", "--min-episodes", "5", "--min-requests", "5",
-             "--drain-timeout", "60")
+             "--drain-timeout", "60", *NOT_LATENCY)
     with EpisodeClients(srv.base, "cp", clients=6, max_steps=MAX_STEPS) as clients:
         d = _plain(srv, "start", "cp", solved_twin, *flags, "--detach")
         assert d.returncode == 0, d.stdout + d.stderr
@@ -349,7 +355,7 @@ def test_shadow_identical_candidate_completes_without_promoting_and_a_disagreein
     champ_id = resolve(solved_cartpole).checkpoint_id
     with EpisodeClients(srv.base, "cp", clients=3, max_steps=MAX_STEPS) as clients:
         same = _plain(srv, "start", "cp", solved_twin, "--mode", "shadow", "--steps", "50,100", "--interval", "2",
-                      "--min-requests", "20")
+                      "--min-requests", "20", *NOT_LATENCY)
         assert same.returncode == 0, same.stdout + same.stderr
         assert same.stdout.startswith("cp: completed") and "agreement 1.000" in same.stdout and \
             "shadow never promotes" in same.stdout, same.stdout
@@ -359,7 +365,7 @@ def test_shadow_identical_candidate_completes_without_promoting_and_a_disagreein
         assert figs["agreement"] == 1.0 and figs["compared"] >= 20, figs
 
         other = _plain(srv, "start", "cp", cartpole_v2_checkpoint, "--mode", "shadow", "--steps", "50,100",
-                       "--interval", "2", "--min-requests", "20", "--min-agreement", "0.9")
+                       "--interval", "2", "--min-requests", "20", "--min-agreement", "0.9", *NOT_LATENCY)
         assert other.returncode == 3, other.stdout + other.stderr
         assert other.stdout.startswith("cp: rolled_back") and "candidate agreement 0." in other.stdout, other.stdout
         figs = _record(srv)["last"]["figures"]
@@ -372,19 +378,19 @@ def test_shadow_identical_candidate_completes_without_promoting_and_a_disagreein
 
 
 def test_a_registry_candidate_promoted_moves_the_registry_champion_forced_with_the_rollout_reason(
-        srv, serving_workdir, cartpole_checkpoint, solved_twin):
+        srv, serving_workdir, cartpole_v2_checkpoint, solved_twin):
     root = serving_workdir / "rollout_registry"
     reg = Registry.open(str(root))
-    reg.register("cp", cartpole_checkpoint)
+    reg.register("cp", cartpole_v2_checkpoint)
     reg.promote("cp", 1, force_reason="test: the weak policy is the first champion")
     reg.register("cp", solved_twin)  # never evaluated: the offline gate refuses it
     assert not reg.gate("cp", 2).allowed
     ref = f"registry:{root}/cp@2"
-    _set_champion(srv, cartpole_checkpoint)
+    _set_champion(srv, cartpole_v2_checkpoint)
     twin_id = resolve(solved_twin).checkpoint_id
     with EpisodeClients(srv.base, "cp", clients=6, max_steps=MAX_STEPS) as clients:
         p = _plain(srv, "start", "cp", ref, "--steps", "50,100", "--interval", str(INTERVAL_S), "--min-episodes", "5",
-                   "--min-requests", "5", "--drain-timeout", "60")
+                   "--min-requests", "5", "--drain-timeout", "60", *NOT_LATENCY)
     assert p.returncode == 0, p.stdout + p.stderr
     assert p.stdout.startswith("cp: promoted") and "registry champion v2 (forced)" in p.stdout, p.stdout
     rec = _record(srv)
@@ -471,16 +477,16 @@ def _prom_value(prom, query: str) -> dict[str, float]:
     return {json.dumps(s["metric"], sort_keys=True): float(s["value"][1]) for s in prom.query(query)}
 
 
-def test_a_split_rollout_judged_on_prometheus_figures(srv, prom, cartpole_checkpoint, solved_twin):
-    _set_champion(srv, cartpole_checkpoint)
-    weak_id, twin_id = resolve(cartpole_checkpoint).checkpoint_id, resolve(solved_twin).checkpoint_id
+def test_a_split_rollout_judged_on_prometheus_figures(srv, prom, cartpole_v2_checkpoint, solved_twin):
+    _set_champion(srv, cartpole_v2_checkpoint)
+    weak_id, twin_id = resolve(cartpole_v2_checkpoint).checkpoint_id, resolve(solved_twin).checkpoint_id
     # Prometheus has seen the champion load (Ray reports every 2 s, scraped every 1 s).
     wait_for(lambda: _prom_value(prom, f'ray_rl_serve_version_info{{policy="cp",version="champion",'
                                        f'checkpoint_id="{weak_id}"}} == 1'), 60, "Prometheus to see the champion")
     with EpisodeClients(srv.base, "cp", clients=6, max_steps=MAX_STEPS) as clients:
         code, record, out = _run(srv, "start", "cp", solved_twin, "--prometheus", prom.url, "--steps", "50,100",
                                  "--interval", "6", "--min-episodes", "5", "--min-requests", "5",
-                                 "--drain-timeout", "60")
+                                 "--drain-timeout", "60", *NOT_LATENCY)
     assert code == 0, out
     assert record["status"] == "promoted", record
     assert record["source"]["prometheus"] == prom.url, record["source"]

@@ -145,7 +145,10 @@ def train_loop(cfg, config, storage: Storage, log) -> RunResult:
                     f"return {row['episode_return_mean']:8.2f} | {evaluated}{row['env_steps_per_s']:>7,.0f} steps/s | "
                     f"{row['wall_s']:7.1f}s"
                 )
-            periodic = reason is None and ((every and row["iteration"] % every == 0) or STOP.requested)
+            # Read once: a signal that lands between deciding this iteration's checkpoint and acting on the stop
+            # would otherwise stop with no checkpoint taken (it is acted on after the next iteration instead).
+            stopping = STOP.requested is not None
+            periodic = reason is None and ((every and row["iteration"] % every == 0) or stopping)
             if reason is None and not periodic:
                 judge_best(None)  # an evaluated iteration between periodic checkpoints may be the best
             if periodic:
@@ -154,7 +157,7 @@ def train_loop(cfg, config, storage: Storage, log) -> RunResult:
                 _flush(storage, progress, local_dir)
                 _commit(ckpts, rel, row, algo, eval_return_mean=latest_eval(progress.rows))
                 checkpoint_saved(algo)
-            if reason is None and STOP.requested:
+            if reason is None and stopping:
                 raise Stopped(STOP.requested, storage.uri(rel), saved=True)
         log(f"stopping: {reason}")
         final = checkpoint(FINAL)

@@ -6,6 +6,7 @@ import csv
 import json
 import signal
 import subprocess
+import sys
 import time
 
 import pytest
@@ -69,6 +70,56 @@ GRACE_S = 1.0
 # Signal to exit, measured 1.07 s on this machine (2 shared cores); the bound leaves room for a loaded machine. A
 # correctness bound (a stop that waits for the iteration to end takes the iteration's seconds), not a speed target.
 EXIT_BOUND_S = GRACE_S + 3
+
+
+# The trainer with SIGTERM delivered to itself at one exact point: inside the first iteration's best-checkpoint
+# judgement, i.e. after the loop decided that iteration takes no checkpoint and before it checks for a stop.
+SIGNAL_IN_THE_WINDOW = """
+import importlib.abc, importlib.util, os, runpy, signal, sys
+
+def patch(loop):  # trainer.loop imports Ray, which must come after the trainer's own set-up: patched on import
+    judge = loop.BestJudge.__call__
+    def sigterm_then_judge(self, *a, **kw):
+        if not getattr(loop, "_signalled", False):
+            loop._signalled = True
+            os.kill(os.getpid(), signal.SIGTERM)
+        return judge(self, *a, **kw)
+    loop.BestJudge.__call__ = sigterm_then_judge
+
+class OnImport(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name != "trainer.loop":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        run = spec.loader.exec_module
+        def exec_module(module):
+            run(module)
+            patch(module)
+        spec.loader.exec_module = exec_module
+        return spec
+
+sys.meta_path.insert(0, OnImport())
+sys.argv = ["trainer", *sys.argv[1:]]
+runpy.run_module("trainer", run_name="__main__", alter_sys=True)
+"""
+
+
+def test_a_signal_between_the_checkpoint_decision_and_the_stop_check_still_stops_with_a_checkpoint(tmp_path):
+    """Seen once in CI (the preStop hook's SIGTERM): the signal landed after the iteration was judged to need no
+    checkpoint, the stop check then saw it, and the trainer died with UnboundLocalError instead of exit 143. The stop
+    request is read once per iteration now: this one is acted on after the next iteration, with its checkpoint."""
+    proc = subprocess.run([sys.executable, "-c", SIGNAL_IN_THE_WINDOW, f"output_dir={tmp_path}",
+                           "stop.iterations=100000", "stop.episode_return_mean=null", *TINY,
+                           f"resources.ray_tmp_dir={short_tmp()}"],
+                          cwd=REPO, env=trainer_env(), capture_output=True, text=True, timeout=300)
+    err = proc.stderr
+    assert proc.returncode == 143, err[-3000:]
+    assert "Traceback" not in err and "UnboundLocalError" not in err, err[-3000:]
+    line = [l for l in err.splitlines() if l.startswith("trainer: stopped by SIGTERM")]
+    assert len(line) == 1 and "checkpoint saved" in line[0], err[-3000:]
+    state = read_state(Storage.open(str(tmp_path), create=False))
+    assert state.iteration == 2 and state.latest_checkpoint == checkpoint_rel(iter_name(2)), state
 
 
 def test_stop_grace_s_bounds_a_stop_whose_iteration_cannot_finish(tmp_path):

@@ -85,8 +85,9 @@ def test_learner_group_scales_from_zero_for_a_job_and_back_to_zero_when_idle(clu
         t_end = time.monotonic()
         summary = json.loads((out / "summary.json").read_text())
         assert summary["iterations"] == 2, summary
-        # Down: idle for IDLE_S, the autoscaler takes the group back to 0; the head (kept for the logs) stays.
-        wait_until(f"the learner group of {rc} back to 0 after {IDLE_S} s idle", lambda: not _live(c.pods(learners))
+        # Down: idle for IDLE_S, the autoscaler takes the group back to 0 (its pods deleted, not only terminating); the
+        # head (kept for the logs) stays.
+        wait_until(f"the learner group of {rc} back to 0 after {IDLE_S} s idle", lambda: not c.pods(learners)
                    and _learner_replicas(c, rc) == 0, 240, interval=2,
                    on_timeout=lambda: c.kubectl("-n", NAMESPACE, "logs", head.metadata.name, "-c", "autoscaler",
                                                 "--tail=40", check=False).stdout)

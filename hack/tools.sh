@@ -592,8 +592,8 @@ run_target() {
 }
 
 # `built cluster`: exit 0 when every product of the cluster phase is in the cache (nothing to compile), else 1.
-# `make test` lays its suites out by it (Makefile TEST_LAYOUT): when not, the cluster tier's worker builds the phase
-# first, beside the Python suites.
+# `make test` runs its suite groups side by side only then: on a cold machine the phase's Go builds are the critical
+# path, and a Python suite beside them slows them more than it gains (Makefile TEST_WORKERS).
 cluster_built() {
   local env; env="$(print_env)"
   local k v

@@ -14,34 +14,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 # then the images, then the cluster tier's binaries): the Python-only suites first, `k8s` last. Files keep their
 # names' order (tests/k8s relies on none: each test brings its preconditions).
 SUITE_ORDER = ("unit", "trainer", "serving", "security", "chart", "containers", "monitoring", "k8s")
-# `make test` runs two groups side by side (pytest-xdist, `--dist loadgroup`: one worker per group), laid out by what
-# is cached (Makefile TEST_LAYOUT, passed as RLP_TEST_LAYOUT); without xdist (`TEST_WORKERS=0`) everything runs in
-# SUITE_ORDER in one process.
-# - `cached` (the cluster tier's binaries are built): `ray`, the suites that train and serve on a local Ray (the
-#   CPU-heavy ones), beside `rest`: the unit and security suites, then those that use the builds and mostly wait on
-#   pods. Balanced by measurement: with unit and security in the first group, a warm run ended its cluster-side
-#   suites after 56 min and the Python ones after 83 (bench/results/make_test_side_by_side.json).
-# - `cold` (a new machine: ~23 min of Go builds): every Python suite one after the other in `python`, beside
-#   `cluster`, whose first step builds the tier's binaries (hack/tools.sh, at normal priority while it waits) and
-#   which then runs the tier. One after the other, a cold run was the Python suites (35 min, the builds behind them
-#   at the lowest priority, done at 33 min) and then the tier (29 min) with nothing beside it.
-LAYOUTS = {
-    "cached": {"ray": ("trainer", "serving"),
-               "rest": ("unit", "security", "chart", "containers", "monitoring", "k8s")},
-    "cold": {"python": ("unit", "trainer", "serving", "security", "chart", "containers", "monitoring"),
-             "cluster": ("k8s",)},
+# `make test` runs two groups side by side when the builds are cached (pytest-xdist, `--dist loadgroup`: one worker
+# per group); without xdist (`TEST_WORKERS=0`) everything runs in SUITE_ORDER in one process. `ray`: the suites that
+# train and serve on a local Ray, the CPU-heavy ones; `rest`: the unit and security suites, then those that use the
+# builds and mostly wait on pods. Balanced by measurement: with unit and security in the first group, a warm run
+# ended its cluster-side suites after 56 min and the Python ones after 83 (bench/results/make_test_side_by_side.json).
+SUITE_GROUPS = {
+    "ray": ("trainer", "serving"),
+    "rest": ("unit", "security", "chart", "containers", "monitoring", "k8s"),
 }
-LAYOUT = os.environ.get("RLP_TEST_LAYOUT") or "cached"
-if LAYOUT not in LAYOUTS:
-    raise pytest.UsageError(f"RLP_TEST_LAYOUT={LAYOUT!r} (Makefile TEST_LAYOUT): one of {', '.join(sorted(LAYOUTS))}")
-SUITE_GROUPS = LAYOUTS[LAYOUT]
-for _groups in LAYOUTS.values():
-    assert sorted(SUITE_ORDER) == sorted(s for suites in _groups.values() for s in suites)
-# Modules of a Ray suite that run at the end of the group holding `k8s` instead (and last when one process runs
-# everything): CI's side-by-side run ended the cluster-side suites well before the Python ones (the `ray` group is
-# the long pole), so the longest self-contained trainer module moves to the group that idles.
+assert sorted(SUITE_ORDER) == sorted(s for suites in SUITE_GROUPS.values() for s in suites)
+# Modules of the `ray` group that run at the end of the `rest` group instead, after the cluster tier (and last when
+# one process runs everything): CI's side-by-side run ended the cluster-side suites well before the Python ones
+# (the `ray` group is the long pole), so the longest self-contained trainer module moves to the group that idles.
 LAST_IN_REST = ("trainer/test_policy_lag.py",)
-LAST_GROUP = next(g for g, suites in SUITE_GROUPS.items() if "k8s" in suites)
 
 
 def _moved(item) -> bool:
@@ -59,8 +45,7 @@ def pytest_collection_modifyitems(items):
                else SUITE_ORDER.index(s) if (s := _suite(item)) else len(SUITE_ORDER))  # stable
     for item in items:
         suite = _suite(item)
-        group = LAST_GROUP if _moved(item) else next((g for g, suites in SUITE_GROUPS.items() if suite in suites),
-                                                     LAST_GROUP)
+        group = "rest" if _moved(item) else next((g for g, suites in SUITE_GROUPS.items() if suite in suites), "rest")
         item.add_marker(pytest.mark.xdist_group(group))
 
 

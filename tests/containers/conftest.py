@@ -7,16 +7,3 @@ from containerkit import (  # noqa: F401  (fixtures)
     serve_container,
     trainer_run,
 )
-
-
-import pytest  # noqa: E402
-
-from trainer_helpers import docker_containers_lock  # noqa: E402
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _containers_beside_the_cluster_tier():
-    # The cluster tier photographs the host before and after its clusters (tests/k8s/hostsnap.py): not while
-    # this suite's containers come and go in the other worker (Makefile TEST_LAYOUT=cold).
-    with docker_containers_lock(exclusive=False):
-        yield

@@ -20,7 +20,6 @@ import yaml
 
 from hostsnap import snapshot
 from kubekit import IN_CI, ROOT, Cluster, sh
-from trainer_helpers import docker_containers_lock
 
 FIGURES = ROOT / "bench" / "results" / "cluster_tier.json"
 
@@ -78,11 +77,6 @@ def _local_cluster(s: _Session, level: str) -> Cluster:
         # its priority while someone waits), so no build process is running when the host is photographed below.
         t0 = time.monotonic()
         sh(str(ROOT / "hack" / "tools.sh"), "all", "cluster", timeout=3000)
-        if os.environ.get("RLP_TEST_LAYOUT") == "cold" and shutil.which("docker"):
-            # Beside the Python suites (tests/conftest.py LAYOUTS), the background run may still be building the
-            # images (a Level B node imports them): a Docker build's temporary containers must not be in the host
-            # photograph either. A failure here is the node's to report (hack/cluster/node.sh).
-            sh(str(ROOT / "hack" / "images.sh"), "build", "cpu", "redis", timeout=3000, check=False)
         s.figures["tools_wait_s"] = round(time.monotonic() - t0, 1)
     if s.before is None and IN_CI:
         # CI proves the tear-down on every run: whatever a cluster left before the session (a running one, or the
@@ -97,11 +91,7 @@ def _local_cluster(s: _Session, level: str) -> Cluster:
             # packages and what they bring are the host before the cluster, not a change the tear-down left behind
             # (a new machine's CI run otherwise sees /etc/nftables.conf and every Docker nft rule "added").
             sh(str(ROOT / "hack" / "cluster" / "node.sh"), "packages", timeout=600)
-        if not s.preexisting:
-            with docker_containers_lock(exclusive=True):  # not while the containers suite runs beside (cold layout)
-                s.before = snapshot()
-        else:
-            s.before = None
+        s.before = None if s.preexisting else snapshot()
     t0 = time.monotonic()
     # Exactly what the README tells users: make deploy-cluster (brings the cluster up, installs the release).
     proc = sh("make", "--no-print-directory", "deploy-cluster", "CLUSTER=local", f"LEVEL={level}", timeout=3600)

@@ -458,7 +458,8 @@ def test_configured_policy_answers_503_while_it_loads_and_after_its_load_failed(
     404 `unknown_policy`, which a client cannot tell from a name that is not configured), then 503 `load_failed`
     with the error once the load failed; names not configured stay 404 and the other policies keep answering.
     The checkpoint's module state is a FIFO: the replica's load blocks opening it until the test opens the other
-    end, which holds `slow` in `loading` for as long as the test needs; a FIFO cannot seek, so the load then fails."""
+    end, which holds `slow` in `loading` for as long as the test needs; then the load fails (EOF, or the garbage file
+    that replaced the FIFO)."""
     good = dict(server.policies)
     slow = serving_workdir / "slow_policy"
     shutil.copytree(cartpole_v2_checkpoint, slow)
@@ -484,12 +485,18 @@ def test_configured_policy_answers_503_while_it_loads_and_after_its_load_failed(
         ok = requests.post(server.base + "/v1/policies/default/act", json={"observation": [0.0] * 4}, timeout=30)
         assert ok.status_code == 200, ok.text
         assert _act_slow(server).status_code == 503, "still loading: nothing has opened the FIFO's other end"
-    finally:  # let the blocked load go on (and fail); a FIFO without a reader refuses a non-blocking open
+    finally:
+        # Let the load go on and fail, whether or not the replica has opened the FIFO yet (on a loaded machine it
+        # may reach the open only now; a CI run once left it blocked there for good, and every later reload of the
+        # session server timed out): O_RDWR never blocks and is a writer, so an open under way returns; the garbage
+        # file replacing the FIFO is what a later open finds; closing our end gives a blocked read its EOF.
+        fd = os.open(state, os.O_RDWR)
         try:
-            fd = os.open(state, os.O_WRONLY | os.O_NONBLOCK)
+            garbage = slow / "module_state.tmp"
+            garbage.write_bytes(b"not a pickle")
+            os.replace(garbage, state)
+        finally:
             os.close(fd)
-        except OSError:
-            pass
     ev = server.wait_event("reload_failed", 180)
     assert "slow" in ev["error"], ev
     r = _act_slow(server)

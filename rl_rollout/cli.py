@@ -42,6 +42,7 @@ import sys
 from typing import Any
 
 from rl_rollout.errors import EXIT_INTERRUPTED, EXIT_OK, RolloutError
+from rl_rollout.judge import LATENCY_MARGIN
 
 COMMANDS = ("start", "resume", "status", "abort")
 
@@ -116,7 +117,8 @@ def parser() -> argparse.ArgumentParser:
                    help="roll back above this candidate error ratio (default: %(default)s)")
     c.add_argument("--max-p99-ms", type=_positive(float, "--max-p99-ms"), default=500.0, metavar="T",
                    help="roll back above this candidate p99 latency, unless the champion is over it too in the same "
-                        "window and the candidate within 1.5x of it: then the step holds (default: %(default)s)")
+                        f"window and the candidate within {LATENCY_MARGIN:g}x of it: then the step holds "
+                        "(default: %(default)s)")
     c.add_argument("--max-hold", type=_positive(int, "--max-hold"), default=10, metavar="N",
                    help="intervals a step may wait for enough data before the rollout pauses (default: %(default)s)")
     c.add_argument("--mode", choices=("split", "shadow"), default="split",

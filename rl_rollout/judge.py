@@ -119,8 +119,7 @@ def judge(step: Window | None, rollout: Window | None, limits: Limits, *, mode: 
                         f"{what} at {at}", "errors", figs)
     slow_service: str | None = None
     if c.latency_count >= limits.min_requests and p99 is not None and p99 > limits.max_p99_ms:
-        h = step.champion
-        champ_p99 = h.quantile(0.99) if h.latency_count >= limits.min_requests else None
+        champ_p99 = figs["champion_p99_ms"] if step.champion.latency_count >= limits.min_requests else None
         if champ_p99 is None or champ_p99 <= limits.max_p99_ms or p99 > LATENCY_MARGIN * champ_p99:
             return Decision(ROLLBACK, f"candidate p99 {p99:.1f} ms > {limits.max_p99_ms:g} ms over "
                             f"{c.latency_count:.0f} requests at {at}", "latency", figs)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 import secrets
 import sys
-from typing import MutableMapping
+from typing import Any, MutableMapping
 
 # Ray's own names for the modes (RAY_AUTH_MODE); "disabled" is Ray's default and the documented opt-out.
 AUTH_MODES = ("token", "disabled")
@@ -60,3 +60,51 @@ def start_failure(e: BaseException) -> str | None:
         return None
     return (f"{DID_NOT_START}: Ray's raylet did not register with its GCS within Ray's fixed 30 s "
             "(an overloaded machine: rerun when CPUs are free)")
+
+
+def init_local(**kwargs: Any) -> Any:
+    """`ray.init(**kwargs)` for a Ray this process starts itself, with one more try after Ray's start-up timeout.
+
+    Ray gives its raylet a fixed 30 s to register with the GCS; on a machine whose CPUs are saturated for a while
+    (a node packed with pods, a test run) that can fail once and work a minute later. Before the second try the
+    half-started Ray of the first (its GCS, raylet and agents: this process's children) is stopped, so the two never
+    run side by side; a second timeout propagates (start_failure names it).
+    """
+    import ray
+
+    try:
+        return ray.init(**kwargs)
+    except Exception as e:
+        if start_failure(e) is None:
+            raise
+    print(f"{DID_NOT_START} within Ray's fixed 30 s (an overloaded machine): stopping what it started and trying "
+          "once more", file=sys.stderr, flush=True)
+    stop_started_ray()
+    return ray.init(**kwargs)
+
+
+def stop_started_ray(timeout_s: float = 10.0) -> list[int]:
+    """Kill the Ray processes this process started (its children running Ray's binaries and scripts, and its
+    workers and agents, which Ray renames `ray::...`); their pids."""
+    import psutil
+    import ray
+
+    try:
+        ray.shutdown()
+    except Exception:  # nothing was connected: the failed init left no worker to disconnect
+        pass
+    ray_dir = os.path.dirname(ray.__file__) + os.sep
+    procs = []
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if any(ray_dir in arg or arg.startswith("ray::") for arg in p.cmdline()):
+                procs.append(p)
+        except psutil.Error:  # gone already
+            continue
+    for p in procs:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(procs, timeout=timeout_s)
+    return [p.pid for p in procs]

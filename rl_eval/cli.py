@@ -127,7 +127,10 @@ def start_ray(address: str | None, ray_tmp_dir: str | None) -> bool:
         if ray_tmp_dir:
             kw["_temp_dir"] = os.path.abspath(ray_tmp_dir)
     try:
-        ray.init(address=address, **kw)
+        if address is None:
+            embedded_ray.init_local(**kw)
+        else:
+            ray.init(address=address, **kw)
     except (ConnectionError, TimeoutError, RuntimeError, ValueError) as e:
         raise EvalError(f"cannot start or reach Ray at {address or 'an embedded Ray'!r}: "
                         f"{(str(e).strip().splitlines() or [type(e).__name__])[0]}") from None

@@ -42,7 +42,6 @@ import sys
 from typing import Any
 
 from rl_rollout.errors import EXIT_INTERRUPTED, EXIT_OK, RolloutError
-from rl_rollout.judge import LATENCY_MARGIN
 
 COMMANDS = ("start", "resume", "status", "abort")
 
@@ -116,9 +115,7 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--max-error-ratio", type=_ratio("--max-error-ratio"), default=0.05, metavar="R",
                    help="roll back above this candidate error ratio (default: %(default)s)")
     c.add_argument("--max-p99-ms", type=_positive(float, "--max-p99-ms"), default=500.0, metavar="T",
-                   help="roll back above this candidate p99 latency, unless the champion is over it too in the same "
-                        f"window and the candidate within {LATENCY_MARGIN:g}x of it: then the step holds "
-                        "(default: %(default)s)")
+                   help="roll back above this candidate p99 latency (default: %(default)s)")
     c.add_argument("--max-hold", type=_positive(int, "--max-hold"), default=10, metavar="N",
                    help="intervals a step may wait for enough data before the rollout pauses (default: %(default)s)")
     c.add_argument("--mode", choices=("split", "shadow"), default="split",

@@ -196,7 +196,10 @@ def start(
             if num_cpus is not None:
                 kwargs["num_cpus"] = int(num_cpus)
         try:
-            ray.init(**kwargs)
+            if address:
+                ray.init(**kwargs)
+            else:
+                embedded_ray.init_local(**kwargs)
         except Exception as e:  # Ray raises a bare Exception when its own raylet does not register within 30 s
             msg = embedded_ray.start_failure(e)
             if msg is None:

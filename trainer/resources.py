@@ -114,16 +114,33 @@ def init_ray(res: ResourcesConf) -> None:
         check_reachable(res.address)
     kwargs = ray_init_kwargs(res)
     try:
-        ray.init(**kwargs)
+        if res.address:
+            ray.init(**kwargs)
+        else:
+            embedded_ray.init_local(**kwargs)
     except (ConnectionError, TimeoutError, RuntimeError, ValueError) as e:
         where = res.address or "a local Ray"
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise TrainerError(f"cannot connect to Ray at {where!r}: {first}") from e
+        raise TrainerError(f"cannot connect to Ray at {where!r}: {_reasons(e)}") from e
     except Exception as e:  # Ray raises a bare Exception when its own raylet does not register within 30 s
         msg = embedded_ray.start_failure(e)
         if msg is None:
             raise
         raise TrainerError(msg) from e
+
+
+def _reasons(e: BaseException) -> str:
+    """The first line of `e` and of each exception it was raised from: Ray's "Failed to connect to Ray cluster at
+    ..." says where, its cause says why (a timeout, no matching node)."""
+    parts: list[str] = []
+    for _ in range(3):
+        if e is None:
+            break
+        text = str(e).strip()
+        line = text.splitlines()[0] if text else type(e).__name__
+        if line not in parts:
+            parts.append(line)
+        e = e.__cause__ or (None if e.__suppress_context__ else e.__context__)
+    return ": ".join(parts)
 
 
 def placement(res: ResourcesConf) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -25,7 +25,8 @@ class RaisingPPOModule(DefaultPPOTorchRLModule):
 
 
 class SlowPPOModule(DefaultPPOTorchRLModule):
-    """Correct actions, but each inference forward takes SLOW_FORWARD_S (a model too big for the serving CPU)."""
+    """The stock (seeded, untrained) module's actions, each inference forward taking SLOW_FORWARD_S (a model too big
+    for the serving CPU)."""
 
     def _forward_inference(self, batch, **kwargs):
         time.sleep(SLOW_FORWARD_S)

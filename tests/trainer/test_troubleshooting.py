@@ -75,8 +75,15 @@ def ran_a_job(ray_head, tmp_path_factory):
     env, cmds = ray_head
     (train,) = [c for c in cmds if c.startswith("python -m trainer ")]
     out = tmp_path_factory.mktemp("ts")
-    proc = subprocess.run(["bash", "-c", f"{train} stop.iterations=1 output_dir={out}"], env=env, cwd=REPO,
-                          capture_output=True, text=True, timeout=600)
+    for attempt in range(2):
+        proc = subprocess.run(["bash", "-c", f"{train} stop.iterations=1 output_dir={out}"], env=env, cwd=REPO,
+                              capture_output=True, text=True, timeout=600)
+        if attempt or not (proc.returncode == 2 and "cannot connect to Ray" in proc.stderr):
+            break
+        # Seen once in CI with both suite groups loading 2 cores: the head had just answered `ray status`, and the
+        # driver's connection still gave up inside Ray's own fixed timeouts. The machine, not the command: once more,
+        # said in the test's output (the error now carries Ray's reason).
+        print(f"trainer: {proc.stderr.strip()}; retrying once")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return env, [c for c in cmds if not c.startswith(("ray start", "python -m trainer "))]
 

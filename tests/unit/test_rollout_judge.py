@@ -61,24 +61,15 @@ def test_p99_rolls_back():
     assert d.reason.startswith("candidate p99 99.1 ms > 50 ms over 200 requests")
 
 
-def test_a_slow_service_holds_instead_of_blaming_the_candidate_and_a_much_slower_candidate_rolls_back():
+def test_a_candidate_over_the_p99_bound_is_rolled_back_even_when_the_champion_is_as_slow():
+    """Both versions over the bound in the same window is what a slow candidate on shared replicas looks like (its
+    forwards hold up the champion's requests: a CI run measured 1000 ms on both sides behind a 2 s forward), so
+    it is no excuse: the candidate is rolled back, before the return rule could judge it."""
     slow = dict(fast=False, returns=GOOD)
     d = decide(version(**slow), champ=version(2000, fast=False, returns=CHAMP))
-    assert d.action == HOLD and d.rule == "latency", d
-    assert d.reason.startswith("holding at 5% (1/3): the whole service is over the p99 bound 50 ms at this step "
-                               "(candidate 99.1 ms, champion 99.1 ms): not the candidate's doing"), d.reason
-    assert decide(version(**slow), champ=version(2000, fast=False, returns=CHAMP), holds=2).action == PAUSE
-    # The return rule still judges a slow service's candidate.
-    assert decide(version(fast=False, returns=BAD), champ=version(2000, fast=False, returns=CHAMP)).rule == "return"
-    # Champion 5..10 ms, candidate 10..100 ms, bound 5 ms: both over it, the candidate ~10x the champion -> blamed.
-    mid = VersionFigures(requests=2000, errors=0, latency_le=LE, latency_counts=(0, 0, 2000, 2000, 2000),
-                         episodes=len(CHAMP), return_sum=float(sum(CHAMP)),
-                         return_sq_sum=float(sum(x * x for x in CHAMP)))
-    tight = Limits(max_p99_ms=5, min_episodes=30, min_requests=20, max_hold=3)
-    d = decide(version(**slow), champ=mid, limits=tight)
-    assert d.action == ROLLBACK and d.rule == "latency" and d.figures["champion_p99_ms"] < 10, d
-    # Too few champion requests to say the service is slow: the candidate is judged alone.
-    assert decide(version(**slow), champ=version(10, fast=False, returns=CHAMP)).action == ROLLBACK
+    assert d.action == ROLLBACK and d.rule == "latency", d
+    assert d.figures["champion_p99_ms"] > 50 and d.reason.startswith("candidate p99 99.1 ms > 50 ms"), d
+    assert decide(version(fast=False, returns=BAD), champ=version(2000, fast=False, returns=CHAMP)).rule == "latency"
 
 
 def test_errors_are_judged_before_latency_and_latency_before_returns():

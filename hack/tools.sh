@@ -58,6 +58,9 @@ K8S_BIN_DIR="${CACHE}/kubernetes-${KUBERNETES_VERSION}"
 K8S_COMPONENTS=(kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy)
 ETCD_DIR="${CACHE}/etcd-${ETCD_VERSION}"
 KWOK_DIR="${CACHE}/kwok-${KWOK_VERSION}"
+# The CoreDNS plugins built in (build_coredns): the directives of node.sh's Corefile (tests/unit/test_tools_cache.py
+# keeps the two equal). A folder cached before holds upstream's build with every plugin: it serves the same Corefile.
+COREDNS_PLUGINS=(bind errors health ready kubernetes cache loadbalance)
 COREDNS_DIR="${CACHE}/coredns-${COREDNS_VERSION}"
 PAUSE_DIR="${CACHE}/pause-${KUBERNETES_VERSION}"
 PROMETHEUS_K8S_DIR="${CACHE}/prometheus-k8s-${PROMETHEUS_K8S_VERSION}"
@@ -81,6 +84,10 @@ command -v go >/dev/null 2>&1 || { [[ -x /usr/local/go/bin/go ]] && PATH="${PATH
 # cluster tier needs for images. A version bump downloads and builds afresh. RLP_KEEP_GO_CACHE=1 keeps them.
 GO_CACHE_ROOT="${RLP_CACHE:-${HOME}/.cache/rl-platform}/go"
 export GOMODCACHE="${GO_CACHE_ROOT}/mod" GOCACHE="${GO_CACHE_ROOT}/build"
+# No DWARF from the compiler: every binary here is linked without debug information (-ldflags -s -w) anyway, and the
+# compiler's DWARF generation was 11 % of a build's CPU (CoreDNS with its plugins: 130.6 vs 147.2 CPU-s), which on a
+# cold 2-core machine is time the test suites beside the builds do not get.
+export GOFLAGS="${GOFLAGS:+${GOFLAGS} }-gcflags=all=-dwarf=false"
 
 log() { printf '[tools] %s\n' "$*" >&2; }
 need() { command -v "$1" >/dev/null 2>&1 || { echo "tools.sh: '$1' is required ($2)" >&2; exit 2; }; }
@@ -433,7 +440,30 @@ build_kwok() {
 }
 
 # CoreDNS: cluster DNS (K8sJobMode RayJobs resolve the head Service by name). Run on the host, no forwarder.
-build_coredns() { go_install "${COREDNS_DIR}" coredns "github.com/coredns/coredns@v${COREDNS_VERSION}"; }
+# Built with only the plugins node.sh's Corefile uses (COREDNS_PLUGINS above), CoreDNS's documented way of choosing
+# plugins without `go generate`: a main that imports them and calls coremain.Run. The upstream binary links all ~60
+# (route53, azure, clouddns, etcd, dnstap, tracing SDKs ...), which made it one of the tier's longest builds on a
+# cold machine. A Corefile naming a plugin outside the list fails at start with "Unknown directive".
+build_coredns() {
+  [[ -x "${COREDNS_DIR}/bin/coredns" ]] && return 0
+  need go "Go toolchain"
+  log "building coredns v${COREDNS_VERSION} with plugins: ${COREDNS_PLUGINS[*]}"
+  local t w p; stage "${COREDNS_DIR}"; t="${T}"; w="${t}/wrapper"
+  wrapper_module "${w}" rlplatform.local/tools/coredns \
+    "$(go mod download -json "github.com/coredns/coredns@v${COREDNS_VERSION}" | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",\{0,1\}$/\1/p' | xargs sed -n 's/^go \(.*\)$/\1/p')"
+  {
+    printf 'package main\n\nimport (\n\t"github.com/coredns/coredns/coremain"\n'
+    for p in "${COREDNS_PLUGINS[@]}"; do printf '\t_ "github.com/coredns/coredns/plugin/%s"\n' "${p}"; done
+    printf ')\n\nfunc main() { coremain.Run() }\n'
+  } > "${w}/main.go"
+  echo "require github.com/coredns/coredns v${COREDNS_VERSION}" >> "${w}/go.mod"
+  # tidy resolves only what the chosen plugins import (a `go get` of the module would download every plugin's SDKs)
+  (cd "${w}" && go mod tidy 2>&1 | grep -v '^go: \(downloading\|finding\|found\)' >&2 || true)
+  mkdir -p "${t}/bin"
+  (cd "${w}" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "${t}/bin/coredns" .)
+  rm -rf "${w}"
+  publish "${t}" "${COREDNS_DIR}"
+}
 
 # The pod sandbox ("pause") image: pause.c from the same Kubernetes release, static, as an OCI image tarball
 # (docker-archive layout, importable by `ctr images import`) built without Docker or any registry.

@@ -5,6 +5,7 @@ cached folder without its product is completed by the next run."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -62,3 +63,15 @@ def test_an_incomplete_cached_folder_is_completed_not_kept(tmp_path):
     assert "replacing the incomplete" in run.stderr
     assert (folder / "other").read_text() == "kept"
     assert not list(folder.parent.glob(f"{folder.name}.tmp.*"))  # the staging folder went
+
+
+def test_coredns_is_built_with_exactly_the_plugins_the_corefile_uses():
+    """build_coredns links only COREDNS_PLUGINS: a Corefile directive outside that list would stop the node's CoreDNS
+    at start ("Unknown directive"), one inside it that the Corefile no longer uses is build time for nothing."""
+    tools = (ROOT / "hack" / "tools.sh").read_text()
+    built = re.search(r"^COREDNS_PLUGINS=\(([^)]*)\)", tools, re.M).group(1).split()
+    node = (ROOT / "hack" / "cluster" / "node.sh").read_text()
+    corefile = re.search(r'cat >"\$\{NODE_DIR\}/Corefile" <<EOF\n(.*?)\nEOF', node, re.S).group(1)
+    used = {line.split()[0] for line in corefile.splitlines()[1:]
+            if line.strip() and not line.startswith("        ") and line.strip() not in ("}",)}
+    assert used == set(built), f"Corefile directives {sorted(used)} vs built plugins {sorted(built)}"

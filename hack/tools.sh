@@ -116,6 +116,10 @@ publish() { # publish TMP DIR
 moddir() { # moddir MODULE@VERSION -> extracted module folder in the Go module cache
   go mod download -json "$1" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",\{0,1\}$/\1/p'
 }
+modfile() { # modfile MODULE@VERSION -> that version's go.mod in the Go module cache
+  go mod download -json "$1" | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",\{0,1\}$/\1/p'
+}
+go_directive() { sed -n 's/^go \(.*\)$/\1/p' "$1"; } # go_directive GO_MOD -> its `go` version
 
 # The k8s.io/client-go minor a helm release is built against: helm's own Makefile passes it as ldflags so
 # `helm template` defaults to a current Kubernetes version instead of v1.20.
@@ -387,8 +391,8 @@ build_kubernetes() {
   log "building Kubernetes v${KUBERNETES_VERSION}: ${K8S_COMPONENTS[*]} (cold: 15-25 min on 2 cores)"
   local t kmod w minor="${KUBERNETES_VERSION#*.}"; minor="${minor%%.*}"
   stage "${K8S_BIN_DIR}"; t="${T}"; w="${t}/wrapper"
-  kmod="$(go mod download -json "k8s.io/kubernetes@v${KUBERNETES_VERSION}" | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",\{0,1\}$/\1/p')"
-  wrapper_module "${w}" rlplatform.local/tools/kubernetes "$(sed -n 's/^go \(.*\)$/\1/p' "${kmod}")"
+  kmod="$(modfile "k8s.io/kubernetes@v${KUBERNETES_VERSION}")"
+  wrapper_module "${w}" rlplatform.local/tools/kubernetes "$(go_directive "${kmod}")"
   {
     grep '^godebug ' "${kmod}" || true
     echo "require k8s.io/kubernetes v${KUBERNETES_VERSION}"
@@ -450,7 +454,7 @@ build_coredns() {
   log "building coredns v${COREDNS_VERSION} with plugins: ${COREDNS_PLUGINS[*]}"
   local t w p; stage "${COREDNS_DIR}"; t="${T}"; w="${t}/wrapper"
   wrapper_module "${w}" rlplatform.local/tools/coredns \
-    "$(go mod download -json "github.com/coredns/coredns@v${COREDNS_VERSION}" | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",\{0,1\}$/\1/p' | xargs sed -n 's/^go \(.*\)$/\1/p')"
+    "$(go_directive "$(modfile "github.com/coredns/coredns@v${COREDNS_VERSION}")")"
   {
     printf 'package main\n\nimport (\n\t"github.com/coredns/coredns/coremain"\n'
     for p in "${COREDNS_PLUGINS[@]}"; do printf '\t_ "github.com/coredns/coredns/plugin/%s"\n' "${p}"; done

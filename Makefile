@@ -11,10 +11,12 @@ PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 # Hydra overrides for `make train`, e.g. `make train ARGS="experiment=pong_ppo stop.iterations=2"`.
 ARGS ?=
-# `make test` runs its two suite groups side by side (tests/conftest.py SUITE_GROUPS) when nothing is left to compile
-# for the cluster tier; on a cold machine (its Go builds are the critical path, and a suite beside them slows them
-# more than it gains) or with TEST_WORKERS=0, one after the other in this process while the builds run behind.
-TEST_WORKERS ?= $(if $(CLUSTER_TIER),$(shell hack/tools.sh built cluster >/dev/null 2>&1 && echo 2 || echo 0),2)
+# `make test` runs its suites in two pytest-xdist workers (`--dist loadgroup`, one per group of tests/conftest.py
+# LAYOUTS), laid out by what is cached (TEST_LAYOUT): `cached` when the cluster tier's binaries are built (the Ray
+# suites beside the rest); `cold` when they are not (the Python suites one after the other beside the cluster tier,
+# which starts once the background run has built its binaries). TEST_WORKERS=0: everything one after the other here.
+TEST_LAYOUT ?= $(if $(CLUSTER_TIER),$(shell hack/tools.sh built cluster >/dev/null 2>&1 && echo cached || echo cold),cached)
+TEST_WORKERS ?= 2
 # Targets the full test suite needs first (fragments append, e.g. the chart tools).
 TEST_PREREQS :=
 
@@ -45,7 +47,8 @@ timeline: venv ## Trace a short CartPole run (1 env runner, 1 learner actor) int
 	  resources.num_learners=1 debug.timeline=$(TIMELINE) $(ARGS)
 
 test: venv $(TEST_PREREQS) ## Run every test suite (unit, local Ray, serving, chart, containers)
-	$(PY) -m pytest $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadgroup) $(PYTEST_ARGS)
+	RLP_TEST_LAYOUT=$(TEST_LAYOUT) $(PY) -m pytest $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadgroup) \
+	  $(PYTEST_ARGS)
 
 test-fast: venv ## Unit tests only (seconds; no Ray cluster, no Docker)
 	$(PY) -m pytest -m "not slow and not cluster and not docker and not serve and not chart and not k8s" $(PYTEST_ARGS)

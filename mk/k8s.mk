@@ -18,10 +18,11 @@ MONITORING ?= 0
 # another, lowest CPU/IO priority) and goes straight on to pytest, whose Python-only suites run first (tests/conftest.py
 # SUITE_ORDER). Each suite that needs a product asks its script for it (hack/tools.sh X, hack/images.sh build X),
 # which waits for the background step on that script's lock and raises its priority, or builds it when that step failed.
-# In this order: the chart tools (quick), the images (the containers suite), the cluster tier's binaries (last suites;
-# only where that tier runs: CLUSTER_TIER from mk/cluster.mk).
-TEST_BACKGROUND = "hack/tools.sh all" "$(IMAGES_SH) build cpu redis $(if $(filter 0,$(RLP_TEST_GPU_IMAGE)),,gpu)" \
-  $(if $(CLUSTER_TIER),"hack/tools.sh cluster")
+# In this order: the chart tools (quick), the cluster tier's binaries (only where that tier runs: CLUSTER_TIER from
+# mk/cluster.mk; on a cold machine the tier starts beside the Python suites once they exist, Makefile TEST_LAYOUT),
+# the images (the containers suite, late in the Python suites, and the tier's Level B).
+TEST_BACKGROUND = "hack/tools.sh all" $(if $(CLUSTER_TIER),"hack/tools.sh cluster") \
+  "$(IMAGES_SH) build cpu redis $(if $(filter 0,$(RLP_TEST_GPU_IMAGE)),,gpu)"
 TEST_PREREQS += test-background
 
 .PHONY: tools test-background kind-tool kuberay-operator-binary manifests test-chart lint-chart deploy-cluster undeploy

@@ -10,24 +10,37 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
-# The order suites run in, the one each background build step serves first (mk/k8s.mk TEST_BACKGROUND: chart tools,
-# then the images, then the cluster tier's binaries): the Python-only suites first, `k8s` last. Files keep their
+# The order suites run in: the Python-only suites first, those that use the background builds (mk/k8s.mk
+# TEST_BACKGROUND: chart tools, the cluster tier's binaries, the images) after them, `k8s` last. Files keep their
 # names' order (tests/k8s relies on none: each test brings its preconditions).
 SUITE_ORDER = ("unit", "trainer", "serving", "security", "chart", "containers", "monitoring", "k8s")
-# `make test` runs two groups side by side when the builds are cached (pytest-xdist, `--dist loadgroup`: one worker
-# per group); without xdist (`TEST_WORKERS=0`) everything runs in SUITE_ORDER in one process. `ray`: the suites that
-# train and serve on a local Ray, the CPU-heavy ones; `rest`: the unit and security suites, then those that use the
-# builds and mostly wait on pods. Balanced by measurement: with unit and security in the first group, a warm run
-# ended its cluster-side suites after 56 min and the Python ones after 83 (bench/results/make_test_side_by_side.json).
-SUITE_GROUPS = {
-    "ray": ("trainer", "serving"),
-    "rest": ("unit", "security", "chart", "containers", "monitoring", "k8s"),
+# `make test` runs two groups side by side (pytest-xdist, `--dist loadgroup`: one worker per group), laid out by what
+# is cached (Makefile TEST_LAYOUT, passed as RLP_TEST_LAYOUT); without xdist (`TEST_WORKERS=0`) everything runs in
+# SUITE_ORDER in one process.
+# - `cached` (the cluster tier's binaries are built): `ray`, the suites that train and serve on a local Ray (the
+#   CPU-heavy ones), beside `rest`: the unit and security suites, then those that use the builds and mostly wait on
+#   pods. Balanced by measurement: with unit and security in the first group, a warm run ended its cluster-side
+#   suites after 56 min and the Python ones after 83 (bench/results/make_test_side_by_side.json).
+# - `cold` (a new machine: ~23 min of niced Go builds behind the suites): every Python suite one after the other in
+#   `python`, beside `cluster`, which waits for the background run to build the tier's binaries without raising its
+#   priority (the Python suites keep the CPU) and then runs the tier, which idles ~47 % of the CPU waiting on pods
+#   (measured one after the other: bench/results/make_test_cold.json).
+LAYOUTS = {
+    "cached": {"ray": ("trainer", "serving"),
+               "rest": ("unit", "security", "chart", "containers", "monitoring", "k8s")},
+    "cold": {"python": ("unit", "trainer", "serving", "security", "chart", "containers", "monitoring"),
+             "cluster": ("k8s",)},
 }
-assert sorted(SUITE_ORDER) == sorted(s for suites in SUITE_GROUPS.values() for s in suites)
+for _groups in LAYOUTS.values():
+    assert sorted(SUITE_ORDER) == sorted(s for suites in _groups.values() for s in suites)
+LAYOUT = os.environ.get("RLP_TEST_LAYOUT") or "cached"
+SUITE_GROUPS = LAYOUTS.get(LAYOUT, {})
 # Modules of the `ray` group that run at the end of the `rest` group instead, after the cluster tier (and last when
 # one process runs everything): CI's side-by-side run ended the cluster-side suites well before the Python ones
 # (the `ray` group is the long pole), so the longest self-contained trainer module moves to the group that idles.
+# In the cold layout the tier is the long pole: they stay at the end of the Python suites.
 LAST_IN_REST = ("trainer/test_policy_lag.py",)
+LAST_GROUP = "rest" if LAYOUT == "cached" else "python"
 
 
 def _moved(item) -> bool:
@@ -39,13 +52,19 @@ def _suite(item) -> str | None:
     return parts[0] if len(parts) > 1 and parts[0] in SUITE_ORDER else None
 
 
+def pytest_configure(config):
+    if LAYOUT not in LAYOUTS:
+        raise pytest.UsageError(f"RLP_TEST_LAYOUT={LAYOUT!r} (Makefile TEST_LAYOUT): one of {', '.join(sorted(LAYOUTS))}")
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(items):
     items.sort(key=lambda item: len(SUITE_ORDER) + 1 if _moved(item)
                else SUITE_ORDER.index(s) if (s := _suite(item)) else len(SUITE_ORDER))  # stable
     for item in items:
         suite = _suite(item)
-        group = "rest" if _moved(item) else next((g for g, suites in SUITE_GROUPS.items() if suite in suites), "rest")
+        group = LAST_GROUP if _moved(item) else next((g for g, suites in SUITE_GROUPS.items() if suite in suites),
+                                                     LAST_GROUP)
         item.add_marker(pytest.mark.xdist_group(group))
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import signal
@@ -103,6 +105,22 @@ SUITE_END: dict[str, list] = {}
 
 def at_suite_end(suite: str, fn) -> None:
     SUITE_END.setdefault(suite, []).append(fn)
+
+
+@contextlib.contextmanager
+def docker_containers_lock(exclusive: bool):
+    """Held shared while the containers suite runs its containers, exclusive by the cluster tier around its host
+    photographs (tests/k8s/hostsnap.py): `make test`'s cold layout runs the two suites in different workers, and a
+    container started or removed between the photographs (its veth, overlay mount, iptables rules) is not the
+    cluster's doing."""
+    d = Path(os.environ.get("RLP_CACHE") or Path.home() / ".cache" / "rl-platform") / "logs"
+    d.mkdir(parents=True, exist_ok=True)
+    with open(d / "docker-containers.lock", "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def wait_for_port(port: int, proc: subprocess.Popen, timeout_s: float, what: str) -> None:

@@ -9,6 +9,7 @@ import pytest
 
 from hostsnap import diff, manifest, snapshot, state_references
 from kubekit import IN_CI, sh
+from trainer_helpers import docker_containers_lock
 
 
 def test_cluster_down_restores_the_host(k8s_session, local_cluster_of_session):
@@ -19,7 +20,8 @@ def test_cluster_down_restores_the_host(k8s_session, local_cluster_of_session):
     # Any test after this one brings its cluster up again (and a new host picture is taken first).
     k8s_session.clusters = {k: v for k, v in k8s_session.clusters.items() if k[0] != "local"}
     before, k8s_session.before = k8s_session.before, None
-    after = snapshot()
+    with docker_containers_lock(exclusive=True):  # as the photograph before it (tests/k8s/conftest.py)
+        after = snapshot()
     # Nothing may still point into the cluster's state: a daemon, shim or pod process that outlived the tear-down.
     m = manifest()
     refs = state_references(m["run-dir"] + m["cluster-dir"])

@@ -1,6 +1,6 @@
 """hack/background.sh, what `make test` builds with while the suites run: its steps run one after another, detached
 and niced; a failed step is logged and the next still runs; a second start while one runs is refused; `boost` raises
-the running one to normal priority. Real processes on a scratch RLP_CACHE; each step here waits on a file the test
+the running one to normal priority, except from a caller in no hurry (`low`, RLP_NO_BOOST=1) or from its own steps. Real processes on a scratch RLP_CACHE; each step here waits on a file the test
 creates, so nothing depends on timing."""
 
 from __future__ import annotations
@@ -44,6 +44,9 @@ def test_steps_run_in_order_detached_niced_and_a_failure_does_not_stop_the_rest(
         assert again.returncode == 0 and "still running" in again.stderr, again.stderr
 
         if os.geteuid() == 0:  # lowering a nice value needs root
+            quiet = _bg(tmp_path, "low", str(SCRIPT), "boost")  # the cold layout's cluster tier waiting (tests/k8s)
+            assert quiet.returncode == 0 and not quiet.stderr, quiet.stderr
+            assert _nice_of_group(pgid) == {19}, "a caller in no hurry (hack/background.sh low) raised the run"
             boost = _bg(tmp_path, "boost")
             assert boost.returncode == 0 and str(log) in boost.stderr, boost.stderr
             assert _nice_of_group(pgid) == {0}, "boost left the background run niced"
@@ -58,9 +61,20 @@ def test_steps_run_in_order_detached_niced_and_a_failure_does_not_stop_the_rest(
     assert out.read_text() == "a\nc\n"  # the refused second start ran nothing
 
 
+def test_low_runs_its_command_niced_and_unable_to_boost_and_so_do_the_background_steps(tmp_path):
+    probe = 'echo "$RLP_NO_BOOST $(ps -o ni= -p $$)"'
+    low = _bg(tmp_path, "low", "bash", "-c", probe)
+    assert low.returncode == 0 and low.stdout.split() == ["1", "19"], (low.stdout, low.stderr)
+    out = tmp_path / "steps"
+    assert _bg(tmp_path, "start", f"{probe} >> {out}").returncode == 0
+    log = tmp_path / "cache" / "logs" / "background.log"
+    wait_for(lambda: log.exists() and log.read_text().rstrip().endswith("done"), 30, "the background run to end")
+    assert out.read_text().split() == ["1", "19"], "a background step could raise its own run (RLP_NO_BOOST unset)"
+
+
 def test_boost_without_a_running_build_and_bad_usage(tmp_path):
     assert _bg(tmp_path, "boost").returncode == 0
-    for args in ([], ["start"], ["bogus"]):
+    for args in ([], ["start"], ["bogus"], ["low"]):
         p = _bg(tmp_path, *args)
         assert p.returncode == 2 and "usage:" in p.stderr, (args, p.stderr)
         assert len(p.stderr.strip().splitlines()) == 1, p.stderr

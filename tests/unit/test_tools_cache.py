@@ -1,5 +1,5 @@
-"""hack/tools.sh's cache: `built cluster`, which decides whether `make test` runs its suite groups side by side
-(Makefile TEST_WORKERS): 0 only when every cluster-phase product is in the cache, 1 when any one is missing; and a
+"""hack/tools.sh's cache: `built cluster`, which decides how `make test` lays its suite groups out (Makefile
+TEST_LAYOUT cached or cold): 0 only when every cluster-phase product is in the cache, 1 when any one is missing; and a
 cached folder without its product is completed by the next run."""
 
 from __future__ import annotations

@@ -626,8 +626,8 @@ run_target() {
 }
 
 # `built cluster`: exit 0 when every product of the cluster phase is in the cache (nothing to compile), else 1.
-# `make test` runs its suite groups side by side only then: on a cold machine the phase's Go builds are the critical
-# path, and a Python suite beside them slows them more than it gains (Makefile TEST_WORKERS).
+# `make test` lays its suites out by it (Makefile TEST_LAYOUT): cached, or cold (the cluster tier beside the Python
+# suites, waiting for the background run to build this phase).
 cluster_built() {
   local env; env="$(print_env)"
   local k v

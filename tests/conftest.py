@@ -54,7 +54,8 @@ def _suite(item) -> str | None:
 
 def pytest_configure(config):
     if LAYOUT not in LAYOUTS:
-        raise pytest.UsageError(f"RLP_TEST_LAYOUT={LAYOUT!r} (Makefile TEST_LAYOUT): one of {', '.join(sorted(LAYOUTS))}")
+        known = ", ".join(sorted(LAYOUTS))
+        raise pytest.UsageError(f"RLP_TEST_LAYOUT={LAYOUT!r} (Makefile TEST_LAYOUT): one of {known}")
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups

@@ -80,12 +80,13 @@ def _wait_for_the_binaries(s: _Session, low: bool = False) -> None:
 def _local_cluster(s: _Session, level: str) -> Cluster:
     if os.geteuid() != 0:
         _skip_or_fail("local cluster tier needs root (it creates a bridge and runs a kubelet)")
-    # `make test` builds the cluster tier's binaries in the background (mk/k8s.mk TEST_BACKGROUND). One after the
-    # other (Makefile TEST_LAYOUT cached, or TEST_WORKERS=0) the tier waits for that build first (hack/tools.sh raises
-    # its priority while it waits), so that no build runs while the host is photographed. Beside the Python suites
-    # (cold) the host is photographed at once, while the background run builds only binaries (the images come after
-    # them, and a Docker build's containers touch the host), and the wait leaves the build niced
-    # (hack/background.sh low): a raised build takes the Python suites' CPU (bench/results/make_test_cold.json).
+    # `make test` builds the cluster tier's binaries in the background (mk/k8s.mk TEST_BACKGROUND). In the cached
+    # layout (Makefile TEST_LAYOUT; also `pytest tests/k8s` run by hand) the tier waits for that build first
+    # (hack/tools.sh raises its priority while it waits), so that no build runs while the host is photographed. In
+    # the cold layout, beside the Python suites, the host is photographed at once, while the background run builds
+    # only binaries (the images come after them, and a Docker build's containers touch the host), and the wait leaves
+    # the build niced (hack/background.sh low): a raised build takes the Python suites' CPU
+    # (bench/results/make_test_cold.json).
     cold = os.environ.get("RLP_TEST_LAYOUT") == "cold"
     if s.before is None and not cold:
         _wait_for_the_binaries(s)

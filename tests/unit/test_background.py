@@ -1,7 +1,8 @@
 """hack/background.sh, what `make test` builds with while the suites run: its steps run one after another, detached
 and niced; a failed step is logged and the next still runs; a second start while one runs is refused; `boost` raises
-the running one to normal priority, except from a caller in no hurry (`low`, RLP_NO_BOOST=1) or from its own steps. Real processes on a scratch RLP_CACHE; each step here waits on a file the test
-creates, so nothing depends on timing."""
+the running one to normal priority, except from a caller in no hurry (`low`, RLP_NO_BOOST=1) or from its own steps.
+Real processes on a scratch RLP_CACHE; each step here waits on a file the test creates, so nothing depends on
+timing."""
 
 from __future__ import annotations
 

@@ -5,20 +5,24 @@
 # Versions come from mk/versions.mk (the only place they are written down).
 #
 # Usage: hack/tools.sh [all|helm|kubeconform|helm-unittest|k8s-schemas|kuberay|kueue|prometheus-operator|promtool|
-#                       prometheus|pod-security-check|kind|kuberay-operator-binary|kueue-binary|cluster|prometheus-k8s|env]
+#                       prometheus|pod-security-check|kind|kuberay-operator-binary|kueue-binary|cluster|cluster-a|
+#                       cluster-b|prometheus-k8s|env]
 #   all (default)  helm, kubeconform, helm-unittest, Kubernetes + KubeRay + Kueue + prometheus-operator schemas,
 #                  promtool, pod-security-check, the Prometheus server (what `make test` needs)
 #   kind, kuberay-operator-binary   on demand (`make deploy-cluster`, running the operator outside a cluster)
 #   cluster        what the local cluster tier needs (hack/cluster.sh, tests/k8s): Kubernetes, etcd, kwok, CoreDNS,
 #                  the pause image, the KubeRay operator binary, the Kueue manager, and prometheus-k8s (upstream
 #                  Prometheus + promtool with kubernetes_sd, to scrape the chart's PodMonitors)
+#   cluster-a      the part of `cluster` Level A needs (etcd, Kubernetes, kwok, the KubeRay operator, Kueue)
+#   cluster-b      the rest, what only Level B's real node and its tests need (CoreDNS, pause, prometheus-k8s)
 #   env            print NAME=path lines for the tools (used by mk/k8s.mk, hack/*.sh and tests/chart)
 # Several targets may be given (`all cluster`); Go's caches are pruned once, after the last.
 # Idempotent: every item is built into a temporary folder and renamed into place when complete, and an item
 # whose final folder exists is not rebuilt, so a warm run only checks a handful of paths.
 # Concurrent runs (`make test`'s background build, hack/background.sh, and a test's `hack/cluster.sh up`, or two
-# shells) wait for each other: one lock per phase (`all`: the chart tools; `cluster`: the cluster tier's binaries), so
-# the chart tools are usable while the cluster binaries still build, and Go's caches are pruned only when no other run
+# shells) wait for each other: one lock per phase (`all`: the chart tools; `cluster` and `cluster-b`: the cluster
+# tier's binaries, parts a and b), so the chart tools are usable while the cluster binaries still build, Level A while
+# part b does, and Go's caches are pruned only when no other run
 # is using them.
 set -euo pipefail
 
@@ -508,18 +512,25 @@ build_prometheus_k8s() {
   publish "${t}" "${PROMETHEUS_K8S_DIR}"
 }
 
-cluster_tools() { # everything hack/cluster.sh needs, the independent builds two at a time
+# The cluster phase in two parts, each under its own lock, so that Level A (a control plane with KWOK nodes) can start
+# while what only Level B's real node needs is still being built (make test's cold layout, Makefile TEST_LAYOUT):
+# cluster-a: etcd, Kubernetes, kwok, the KubeRay operator, Kueue; cluster-b: CoreDNS, the pause image, Prometheus.
+# The independent builds two at a time.
+cluster_a_tools() {
   build_etcd & local p1=$!
   build_kwok & local p2=$!
   wait "${p1}" && wait "${p2}" || exit 1
   timed build_kubernetes
   build_kuberay_operator & p1=$!
-  build_coredns & p2=$!
+  timed build_kueue & p2=$!
   wait "${p1}" && wait "${p2}" || exit 1
-  build_pause & p1=$!
-  timed build_prometheus_k8s & p2=$!
+}
+
+cluster_b_tools() {
+  build_coredns & local p1=$!
+  build_pause & local p2=$!
   wait "${p1}" && wait "${p2}" || exit 1
-  timed build_kueue
+  timed build_prometheus_k8s
 }
 
 print_env() {
@@ -596,7 +607,8 @@ all_tools() {
 }
 
 TARGETS="all helm kubeconform helm-unittest kind k8s-schemas kuberay kuberay-operator-binary kueue kueue-binary \
-prometheus-operator promtool prometheus pod-security-check kubernetes etcd kwok coredns pause cluster prometheus-k8s"
+prometheus-operator promtool prometheus pod-security-check kubernetes etcd kwok coredns pause cluster cluster-a cluster-b \
+prometheus-k8s"
 
 run_target() {
   case "$1" in
@@ -617,10 +629,12 @@ run_target() {
     kubernetes) with_lock cluster build_kubernetes ;;
     etcd) with_lock cluster build_etcd ;;
     kwok) with_lock cluster build_kwok ;;
-    coredns) with_lock cluster build_coredns ;;
-    pause) with_lock cluster build_pause ;;
-    prometheus-k8s) with_lock cluster build_prometheus_k8s ;;
-    cluster) with_lock cluster timed cluster_tools ;;
+    coredns) with_lock cluster-b build_coredns ;;
+    pause) with_lock cluster-b build_pause ;;
+    prometheus-k8s) with_lock cluster-b build_prometheus_k8s ;;
+    cluster-a) with_lock cluster timed cluster_a_tools ;;
+    cluster-b) with_lock cluster-b timed cluster_b_tools ;;
+    cluster) run_target cluster-a && run_target cluster-b ;;
     *) echo "usage: $0 [${TARGETS// /|}]... | env" >&2; exit 2 ;;
   esac
 }

@@ -38,6 +38,8 @@ its rows are kept and retried, so one row can be in several failed writes).
 
 from __future__ import annotations
 
+from rl_metrics import KeptGauge
+
 LATENCY_BOUNDARIES_MS = [0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 1000.0]
 BATCH_BOUNDARIES = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]
 INFERENCE_BOUNDARIES_MS = [0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 50.0, 250.0]
@@ -86,18 +88,18 @@ class ServerMetrics:
             NAMES["inference"], "RLModule forward_inference time per batch (ms).",
             boundaries=INFERENCE_BOUNDARIES_MS, tag_keys=("policy",),
         )
-        self.info = m.Gauge(
+        self.info = KeptGauge(
             NAMES["info"], "1 for the checkpoint a policy currently serves, 0 for ones it served before.",
             tag_keys=("policy", "checkpoint_id", "env", "registry_version", "alias"),
         )
-        self.eval = m.Gauge(
+        self.eval = KeptGauge(
             NAMES["eval"], "Greedy evaluation return of the served checkpoint (newest rl-eval record).",
             tag_keys=("policy", "checkpoint_id", "stat"),
         )
         self.reloads = m.Counter(
             NAMES["reloads"], "Checkpoint (re)loads by result (ok / error).", tag_keys=("policy", "result"),
         )
-        self.sessions = m.Gauge(
+        self.sessions = KeptGauge(
             NAMES["sessions"], "Open frame-stacking sessions per policy (replica-local).", tag_keys=("policy",),
         )
         pv = ("policy", "version")
@@ -109,16 +111,16 @@ class ServerMetrics:
             boundaries=LATENCY_BOUNDARIES_MS, tag_keys=pv)
         self.episodes = m.Counter(NAMES["episodes"], "Episodes ended by feedback (done=true) per version.",
                                   tag_keys=pv)
-        self.return_sum = m.Gauge(NAMES["return_sum"], "Sum of ended episodes' returns per version, since the "
-                                  "version loaded in this replica.", tag_keys=pv)
-        self.return_sq_sum = m.Gauge(NAMES["return_sq_sum"], "Sum of squared episode returns per version, since "
-                                     "the version loaded in this replica.", tag_keys=pv)
-        self.version_weight = m.Gauge(NAMES["version_weight"], "Configured traffic share per version (champion "
-                                      "1-w, candidate w; shadow: champion 1).", tag_keys=pv)
-        self.version_info = m.Gauge(NAMES["version_info"], "1 for the checkpoint a version serves now, 0 before.",
-                                    tag_keys=("policy", "version", "checkpoint_id", "mode"))
-        self.version_sessions = m.Gauge(NAMES["version_sessions"], "Sticky sessions open per version "
-                                        "(replica-local).", tag_keys=pv)
+        self.return_sum = KeptGauge(NAMES["return_sum"], "Sum of ended episodes' returns per version, since the "
+                                    "version loaded in this replica.", tag_keys=pv)
+        self.return_sq_sum = KeptGauge(NAMES["return_sq_sum"], "Sum of squared episode returns per version, since "
+                                       "the version loaded in this replica.", tag_keys=pv)
+        self.version_weight = KeptGauge(NAMES["version_weight"], "Configured traffic share per version (champion "
+                                        "1-w, candidate w; shadow: champion 1).", tag_keys=pv)
+        self.version_info = KeptGauge(NAMES["version_info"], "1 for the checkpoint a version serves now, 0 before.",
+                                      tag_keys=("policy", "version", "checkpoint_id", "mode"))
+        self.version_sessions = KeptGauge(NAMES["version_sessions"], "Sticky sessions open per version "
+                                          "(replica-local).", tag_keys=pv)
         self.shadow = m.Counter(NAMES["shadow"], "Shadow comparisons by outcome (agree, disagree, dropped: "
                                 "queue full, error: the candidate failed).", tag_keys=("policy", "outcome"))
         self.feedback_total = m.Counter(NAMES["feedback"], "Feedback: accepted items (ok) and refused requests "
@@ -218,14 +220,16 @@ class ServerMetrics:
                        return_sq_sum: float = 0.0) -> None:
         """A version (role) serves `checkpoint_id` in `mode` now; `previous` (checkpoint_id, mode) it served before."""
         now = {"policy": policy, "version": version, "checkpoint_id": checkpoint_id, "mode": mode or "-"}
-        if previous is not None and (previous[0], previous[1] or "-") != (checkpoint_id, mode or "-"):
-            self.version_info.set(0, {**now, "checkpoint_id": previous[0], "mode": previous[1] or "-"})
-        self.version_info.set(1, now)
         tags = self.pv_tags(policy, version)
+        # The version's figures first, its info last: a report that shows the new checkpoint_id shows its sums too
+        # (rl-rollout's Prometheus source waits for the info before it takes a baseline).
         self.version_weight.set(weight, tags)
         if (policy, version) in self._episodes_exported:  # else the first episode creates both series together
             self.return_sum.set(return_sum, tags)
             self.return_sq_sum.set(return_sq_sum, tags)
+        if previous is not None and (previous[0], previous[1] or "-") != (checkpoint_id, mode or "-"):
+            self.version_info.set(0, {**now, "checkpoint_id": previous[0], "mode": previous[1] or "-"})
+        self.version_info.set(1, now)
 
     def version_gone(self, policy: str, version: str, checkpoint_id: str, mode: str | None) -> None:
         self.version_info.set(0, {"policy": policy, "version": version, "checkpoint_id": checkpoint_id,

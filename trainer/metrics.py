@@ -30,6 +30,7 @@ import time
 
 from ray.rllib.callbacks.callbacks import RLlibCallback
 
+from rl_metrics import KeptGauge
 from trainer.callbacks import EVAL_RETURN_KEY, RETURN_MEAN_KEY
 from trainer.solved import POLICY_LAG_KEY
 
@@ -77,7 +78,7 @@ class TrainingMetrics(RLlibCallback):
         from ray.util import metrics as m
 
         def gauge(key, doc):
-            return m.Gauge(NAMES[key], doc, tag_keys=TAG_KEYS)
+            return KeptGauge(NAMES[key], doc, tag_keys=TAG_KEYS)
 
         def counter(key, doc):
             return m.Counter(NAMES[key], doc, tag_keys=TAG_KEYS)
@@ -171,12 +172,11 @@ def tune_checkpoint_callback():
     """A Tune callback (driver side) that sets the checkpoint timestamp when Tune has saved a trial's checkpoint:
     the trial's algorithm is not told when Tune checkpoints it."""
     from ray import tune
-    from ray.util import metrics as m
 
     class TuneCheckpointMetrics(tune.Callback):
         def __init__(self):
-            self.gauge = m.Gauge(NAMES["last_checkpoint"], "Unix time of the last complete checkpoint.",
-                                 tag_keys=TAG_KEYS)
+            self.gauge = KeptGauge(NAMES["last_checkpoint"], "Unix time of the last complete checkpoint.",
+                                   tag_keys=TAG_KEYS)
 
         def on_checkpoint(self, iteration, trials, trial, checkpoint, **info):
             env = (trial.config or {}).get("env")

@@ -31,6 +31,7 @@ from rl_rollout.state import (ABORTED, ACTIVE, COMPLETED, PAUSED, PROMOTED, ROLL
                               candidate_block, policy_spec, promoted, read_rollout, with_rollout, without_candidate)
 
 POLL_S = 0.5  # confirmation polls
+CATCH_UP_S = 30.0  # how long a step's baseline waits for the figures to show the versions just applied
 ABORT_CHECK_S = 5.0  # how often a waiting controller re-reads the config (abort from another shell)
 
 
@@ -269,11 +270,7 @@ def apply_and_baseline(ctx: Context, st: RolloutState, marker: Any, first: bool 
         return finish(ctx, st, ROLLED_BACK, f"candidate failed to load: {e}", EXIT_ROLLED_BACK)
     except NotApplied as e:
         return stop_paused(ctx, st, str(e))
-    try:
-        snap = ctx.source.fetch()
-    except FiguresUnavailable as e:
-        ctx.say(f"{st.policy}: no baseline yet ({e}); taken at the next interval")
-        snap = None
+    snap = _caught_up(ctx, st)
     now = round(time.time(), 3)
     st.step_started_at = now
     st.baseline["step"] = snap.to_json() if snap else None
@@ -282,6 +279,38 @@ def apply_and_baseline(ctx: Context, st: RolloutState, marker: Any, first: bool 
         st.baseline["rollout"] = snap.to_json() if snap else None
     persist(ctx, st)
     return None
+
+
+def lagging(st: RolloutState, snap: Snapshot) -> str | None:
+    """Why `snap` does not yet show this rollout's versions, or None. A source that names the checkpoint each
+    version serves (both do) and names another one is behind the server: Prometheus sees a change a report and a
+    scrape interval after the server made it, and a baseline taken before would hold the previous candidate's
+    figures (its return sum: the window's returns would be the new candidate's minus the old one's)."""
+    for role, want in (("candidate", st.candidate_checkpoint_id), ("champion", st.champion_checkpoint_id)):
+        fig = getattr(snap, role)
+        have = fig.checkpoint_id if fig is not None else None
+        if want and have and have != want:
+            return f"the figures from {snap.source} still show {role} {have}, not {want}"
+    return None
+
+
+def _caught_up(ctx: Context, st: RolloutState) -> Snapshot | None:
+    """A snapshot showing the versions just applied, polled for up to CATCH_UP_S; None (the baseline is then taken
+    at the next interval that shows them) when unavailable or still behind."""
+    deadline = time.monotonic() + min(CATCH_UP_S, st.apply_timeout_s)
+    while True:
+        try:
+            snap = ctx.source.fetch()
+        except FiguresUnavailable as e:
+            ctx.say(f"{st.policy}: no baseline yet ({e}); taken at the next interval")
+            return None
+        why = lagging(st, snap)
+        if why is None:
+            return snap
+        if time.monotonic() > deadline:
+            ctx.say(f"{st.policy}: no baseline yet ({why}); taken at the next interval")
+            return None
+        time.sleep(POLL_S)
 
 
 # ---------------------------------------------------------------------------------------------- ending
@@ -447,6 +476,8 @@ def _drive(ctx: Context, st: RolloutState) -> int:
             if err:
                 return finish(ctx, st, ROLLED_BACK, f"candidate failed to load: {err}", EXIT_ROLLED_BACK)
             unavailable = unavailable or "the server reports no candidate for this policy"
+        if snap is not None and unavailable is None:
+            unavailable = lagging(st, snap)
         step_w = roll_w = None
         if snap is not None and unavailable is None:
             if not st.baseline.get("rollout") or not st.baseline.get("step"):

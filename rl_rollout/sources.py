@@ -15,6 +15,12 @@
     return_sq_sum  sum by (version) (ray_rl_serve_episode_return_sq_sum{policy="NAME"})
     sessions       sum by (version) (ray_rl_serve_version_sessions{policy="NAME"})
     shadow         sum by (outcome) (ray_rl_serve_shadow_total{policy="NAME"})
+    served         sum by (version, checkpoint_id) (ray_rl_serve_version_info{policy="NAME"})
+
+`served` names the checkpoint each version serves in the figures (the replicas serving it; 0 for what a version
+served before): a snapshot's `checkpoint_id` per version, so the controller waits for Prometheus, which scrapes
+seconds behind the server, to show the versions it just applied before it takes a baseline (several at once while
+replicas change over reads as their ids joined by "+").
 
 A series that does not exist yet (Ray exports a counter once it was first incremented) reads as 0; a missing
 sessions series means "unknown" (the promotion then does not wait for sticky sessions to drain).
@@ -176,6 +182,7 @@ SERIES = {
     "return_sq_sum": ("ray_rl_serve_episode_return_sq_sum", "version", {}),
     "sessions": ("ray_rl_serve_version_sessions", "version", {}),
     "shadow": ("ray_rl_serve_shadow_total", "outcome", {}),
+    "served": ("ray_rl_serve_version_info", "version, checkpoint_id", {}),
 }
 
 
@@ -244,6 +251,11 @@ class Prometheus:
             if role in buckets and "le" in s["metric"]:
                 buckets[role][_le(s["metric"]["le"])] = float(s["value"][1])
         shadow = {s["metric"].get("outcome", ""): int(float(s["value"][1])) for s in got["shadow"]}
+        served: dict[str, list[str]] = {r: [] for r in ROLES}
+        for s in got["served"]:
+            role, cid = s["metric"].get("version", ""), s["metric"].get("checkpoint_id", "")
+            if role in served and cid and float(s["value"][1]) > 0:
+                served[role].append(cid)
         req, err, eps = per_version("requests"), per_version("errors"), per_version("episodes")
         rs, rsq, sess = per_version("return_sum"), per_version("return_sq_sum"), per_version("sessions")
         figs = {}
@@ -256,5 +268,6 @@ class Prometheus:
                 active_sessions=int(sess[role]) if role in sess else None,
                 shadow={"compared": shadow.get("agree", 0) + shadow.get("disagree", 0),
                         "agreed": shadow.get("agree", 0), "dropped": shadow.get("dropped", 0),
-                        "errors": shadow.get("error", 0)} if role == "candidate" else None)
+                        "errors": shadow.get("error", 0)} if role == "candidate" else None,
+                checkpoint_id="+".join(sorted(served[role])) or None)
         return Snapshot(at=at, champion=figs["champion"], candidate=figs["candidate"], source=self.kind)

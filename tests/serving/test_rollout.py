@@ -494,6 +494,10 @@ def test_a_split_rollout_judged_on_prometheus_figures(srv, prom, cartpole_v2_che
     figs = record["last"]["figures"]
     assert figs["candidate_episodes"] >= 5 and figs["champion_episodes"] >= 5, figs
     assert figs["candidate_requests"] >= 5 and figs["candidate_mean"] > figs["champion_mean"], figs
+    # The window's mean is a mean of the candidate's episodes, the ones the clients played (a baseline taken before
+    # Prometheus showed this candidate held the previous candidate's return sum, and the mean went negative).
+    played = [e.ret for e in clients.episodes if e.checkpoints == {twin_id}]
+    assert played and min(played) - 1e-6 <= figs["candidate_mean"] <= max(played) + 1e-6, (figs, sorted(played))
     assert _info(srv)["checkpoint_id"] == twin_id
     _assert_clean(clients)
 

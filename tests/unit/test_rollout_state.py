@@ -143,6 +143,24 @@ def test_promql_per_figure():
         'sum by (version, le) (ray_rl_serve_version_latency_ms_bucket{policy="p.1"})'
     assert sources.query("shadow", "c") == 'sum by (outcome) (ray_rl_serve_shadow_total{policy="c"})'
     assert sources.query("return_sq_sum", "c").startswith("sum by (version) (ray_rl_serve_episode_return_sq_sum{")
+    assert sources.query("served", "c") == 'sum by (version, checkpoint_id) (ray_rl_serve_version_info{policy="c"})'
+
+
+@pytest.mark.parametrize("champ, cand, behind", [
+    ("champ", "new", None), ("champ", None, None), (None, None, None),
+    ("champ", "old", "still show candidate old, not new"), ("champ", "new+old", "still show candidate new+old"),
+    ("other", "new", "still show champion other, not champ")])
+def test_figures_that_do_not_show_the_rollouts_versions_yet_are_lagging(champ, cand, behind):
+    """controller.lagging: the baseline waits for a source that still names another checkpoint for a version
+    (Prometheus seconds behind the server); a source that names none is taken as it is."""
+    from rl_rollout.controller import lagging
+
+    st = state.RolloutState(id="r", policy="cp", candidate="/c", champion="/h", candidate_checkpoint_id="new",
+                            champion_checkpoint_id="champ")
+    snap = Snapshot(at=1.0, champion=VersionFigures(checkpoint_id=champ), candidate=VersionFigures(checkpoint_id=cand),
+                    source="prometheus http://p")
+    why = lagging(st, snap)
+    assert (why is None) if behind is None else (behind in why and "prometheus http://p" in why), why
 
 
 @pytest.mark.parametrize("sel,ok", [('namespace="rl"', True), ('namespace="rl", pod=~"rl-.*"', True),

@@ -409,7 +409,13 @@ def wait_ready(base_url: str, timeout_s: float) -> dict[str, Any]:
     while time.monotonic() < deadline:
         try:
             with urllib.request.urlopen(base_url + "/readyz", timeout=5) as r:
-                return json.loads(r.read())
+                body = r.read()
+            try:
+                return json.loads(body)
+            except ValueError:  # not this server's answer: something else listens on the port
+                raise LaunchError(f"{base_url}/readyz answered {r.status} without JSON "
+                                  f"({body[:80].decode(errors='replace')!r}): another server holds that port; "
+                                  "pick another --port") from None
         except urllib.error.HTTPError as e:
             err = f"HTTP {e.code}"
         except (urllib.error.URLError, OSError) as e:

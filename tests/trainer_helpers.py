@@ -50,6 +50,14 @@ _HANDED_OUT: set[int] = set()
 PORT_BLOCK = 64  # each port handed out starts its own block: Serve's direct ingress binds port..port+32
 
 
+def _xdist_worker() -> tuple[int, int]:
+    """(this pytest-xdist worker's index, the number of workers); (0, 1) outside xdist."""
+    name, count = os.environ.get("PYTEST_XDIST_WORKER", ""), os.environ.get("PYTEST_XDIST_WORKER_COUNT", "")
+    if name.startswith("gw") and name[2:].isdigit() and count.isdigit() and int(count) > 0:
+        return int(name[2:]) % int(count), int(count)
+    return 0, 1
+
+
 def _private_port_range() -> tuple[int, int]:
     """Ports no other process picks on its own: above Ray's worker ports (10002-19999) and below the kernel's
     ephemeral range, where every bind(0) and every outgoing connection's source port comes from. A port taken
@@ -69,7 +77,11 @@ def free_ports(n: int) -> list[int]:
     import socket
 
     lo, hi = _private_port_range()
-    blocks = [b for b in range(lo, hi - PORT_BLOCK + 2, PORT_BLOCK) if b not in _HANDED_OUT]
+    # Each pytest-xdist worker takes every Nth block, so two workers never hand out the same port (each keeps its
+    # own _HANDED_OUT; CI saw a policy server's port answered by another worker's Ray metrics port).
+    index, count = _xdist_worker()
+    blocks = [b for i, b in enumerate(range(lo, hi - PORT_BLOCK + 2, PORT_BLOCK))
+              if i % count == index and b not in _HANDED_OUT]
     random.shuffle(blocks)
     ports: list[int] = []
     for port in blocks:
@@ -109,10 +121,11 @@ def at_suite_end(suite: str, fn) -> None:
 
 @contextlib.contextmanager
 def docker_containers_lock(exclusive: bool):
-    """Held shared while the containers suite runs its containers, exclusive by the cluster tier around its host
-    photographs (tests/k8s/hostsnap.py): `make test`'s cold layout runs the two suites in different workers, and a
-    container started or removed between the photographs (its veth, overlay mount, iptables rules) is not the
-    cluster's doing."""
+    """Held shared while the containers suite runs its containers (and by hack/images.sh while it builds or fetches:
+    a build's containers, debootstrap's chroot mounts), exclusive by the cluster tier around its host photographs
+    (tests/k8s/hostsnap.py): `make test`'s cold layout runs the suites in different workers beside the background
+    build, and a container started or removed between the photographs (its veth, overlay mount, iptables rules) is
+    not the cluster's doing."""
     d = Path(os.environ.get("RLP_CACHE") or Path.home() / ".cache" / "rl-platform") / "logs"
     d.mkdir(parents=True, exist_ok=True)
     with open(d / "docker-containers.lock", "a") as f:

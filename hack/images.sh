@@ -47,6 +47,8 @@ set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "${ROOT}"
+# shellcheck source=hack/cluster/common.sh
+source "${ROOT}/hack/cluster/common.sh" # DOCKER_BRIDGE_IP, DOCKER_ADDRESS_POOL: the engine's addresses
 
 CACHE="${RLP_CACHE:-${HOME}/.cache/rl-platform}"
 DOCKER="${DOCKER:-docker}"
@@ -166,7 +168,8 @@ ensure_dockerd() {
     rm -f /var/run/docker.pid
     local cpid="/var/run/docker/containerd/containerd.pid"
     if [[ -r "${cpid}" ]] && ! is_proc "$(cat "${cpid}" 2>/dev/null)" containerd; then rm -f "${cpid}"; fi
-    setsid nohup dockerd >>"${logf}" 2>&1 </dev/null 9>&- &
+    setsid nohup dockerd --bip "${DOCKER_BRIDGE_IP}" --default-address-pool "${DOCKER_ADDRESS_POOL}" \
+      >>"${logf}" 2>&1 </dev/null 9>&- &
     pid=$!
     wait_engine "${pid}" "${logf}" && break
     ((try < 2)) || { tail -n 30 "${logf}" >&2; die "dockerd did not start (log: ${logf})"; }
@@ -461,15 +464,19 @@ kind_load() {
   done
 }
 
-# One build at a time per machine: the staged CA (docker/certs/) and the wheelhouse port are shared.
+# One build at a time per machine: the staged CA (docker/certs/) and the wheelhouse port are shared. Also held shared:
+# the lock the cluster tier takes exclusive around its host photographs (tests/trainer_helpers.py
+# docker_containers_lock), which a build's containers and debootstrap's chroot mounts would change.
 lock() {
-  mkdir -p "${CACHE}"
+  mkdir -p "${CACHE}/logs"
   exec 9>"${CACHE}/images.lock"
   if ! flock -n 9; then
     log "waiting for another hack/images.sh build"
     "${ROOT}/hack/background.sh" boost
     flock -w 3600 9 || die "another hack/images.sh build holds ${CACHE}/images.lock"
   fi
+  exec 8>>"${CACHE}/logs/docker-containers.lock"
+  flock -s -w 600 8 || die "the cluster tier's host photograph held ${CACHE}/logs/docker-containers.lock for 10 min"
 }
 
 # ---------------------------------------------------------------------------------------------------- main

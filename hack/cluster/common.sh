@@ -1,4 +1,5 @@
-# Shared settings of the local cluster tier (sourced by hack/cluster.sh and hack/cluster/*.sh; not executable).
+# Shared settings of the local cluster tier (sourced by hack/cluster.sh, hack/cluster/*.sh and, for the Docker bridge,
+# hack/images.sh; not executable).
 # Every address stays inside this machine. This machine class forbids traffic to the private ranges (10/8,
 # 172.16/12, 192.168/16) even on local bridges, so the node bridge, pod and service ranges come from the
 # benchmarking range 198.18.0.0/15. The kubelet refuses a loopback node IP and the apiserver refuses to publish a
@@ -20,7 +21,12 @@ NODE_CIDR="198.18.0.0/16"                 # on-link behind ${BRIDGE}
 POD_RANGE_START="198.18.16.1"             # host-local IPAM hands pod IPs out of 198.18.16.0/20
 POD_RANGE_END="198.18.31.254"
 POD_CIDR="198.18.16.0/20"
-SERVICE_CIDR="198.19.0.0/16"
+SERVICE_CIDR="198.19.0.0/17"
+# The Docker engine hack/images.sh starts (the containers suite's containers, published on 127.0.0.1): its default
+# bridge and the pool user-defined networks draw from, in the other half of 198.19.0.0/16 (Docker's own default,
+# 172.17.0.0/16, is a private range).
+DOCKER_BRIDGE_IP="198.19.128.1/24"
+DOCKER_ADDRESS_POOL="base=198.19.192.0/18,size=24"
 KUBERNETES_SVC_IP="198.19.0.1"
 DNS_SVC_IP="198.19.0.10"
 CLUSTER_DOMAIN="cluster.local"

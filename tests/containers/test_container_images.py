@@ -5,6 +5,7 @@ Run: `make test-containers` or `.venv/bin/python -m pytest tests/containers -m d
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import re
@@ -26,6 +27,20 @@ from containerkit import (
 )
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(3600)]
+
+# ------------------------------------------------------------------------------------------------ engine
+
+
+def test_engine_bridge_is_in_the_benchmarking_range(docker_engine):
+    """The containers below run on the engine's default bridge: its addresses come from 198.18.0.0/15 like the
+    cluster tier's (hack/cluster/common.sh DOCKER_BRIDGE_IP), never Docker's private 172.17.0.0/16 default."""
+    configs = json.loads(docker("network", "inspect", "bridge", "-f", "{{json .IPAM.Config}}").stdout)
+    subnets = [ipaddress.ip_network(c["Subnet"]) for c in configs if c.get("Subnet")]
+    assert subnets, f"the engine's bridge network has no subnet: {configs}"
+    outside = [str(n) for n in subnets if n.version == 4 and not n.subnet_of(ipaddress.ip_network("198.18.0.0/15"))]
+    assert not outside, (f"the Docker engine's bridge is {outside}, outside 198.18.0.0/15: it was not started by "
+                         "hack/images.sh (--bip/--default-address-pool); stop it and run `hack/images.sh dockerd`")
+
 
 # ------------------------------------------------------------------------------------------------ image metadata
 

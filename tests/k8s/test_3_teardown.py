@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from hostsnap import diff, manifest, snapshot, state_references
+from hostsnap import diff, manifest, not_docker, snapshot, state_references
 from kubekit import IN_CI, sh
 from trainer_helpers import docker_containers_lock
 
@@ -32,3 +32,13 @@ def test_cluster_down_restores_the_host(k8s_session, local_cluster_of_session):
     # A second cluster-down finds nothing to do and still succeeds.
     again = sh("make", "--no-print-directory", "cluster-down", timeout=120)
     assert "nothing to stop" in again.stderr, again.stderr
+
+
+def test_the_host_picture_leaves_dockers_bridge_out():
+    """Docker's bridge changes on its own (its IPv6 link-local address and routes come with its first container), so
+    the picture drops its lines, and only its: a cluster link or route that merely mentions docker stays compared."""
+    lines = ["docker0:", "docker0@if3:", "docker0 inet6 fe80::42:1:2:3/64",
+             "ipv6 fe80::/64 dev docker0 proto kernel metric 256 pref medium",
+             "rlp0:", "rlp0 inet 198.18.0.1/24", "ipv4 198.18.0.0/24 dev rlp0 proto kernel", "mydocker0x:"]
+    assert not_docker(lines) == ["rlp0:", "rlp0 inet 198.18.0.1/24", "ipv4 198.18.0.0/24 dev rlp0 proto kernel",
+                                 "mydocker0x:"]

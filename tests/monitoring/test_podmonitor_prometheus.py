@@ -30,6 +30,12 @@ from chartkit import Tools, missing, tool_env  # noqa: E402
 from promkit import free_port, free_ports, podmonitor_config, start_podmonitor_prometheus  # noqa: E402
 from trainer_helpers import stop_process  # noqa: E402
 
+
+def service_cidr() -> str:
+    """The cluster tier's Service range (hack/cluster/common.sh, its one home)."""
+    return subprocess.run(["bash", "-c", f"source {ROOT}/hack/cluster/common.sh; echo $SERVICE_CIDR"], check=True,
+                          capture_output=True, text=True, timeout=30).stdout.strip()
+
 # chart: helm renders the PodMonitors. The `tools` fixture may wait for the cluster phase of the background build
 # (Go builds, tens of minutes on a cold machine): bounded like the cluster tier's first test, not pytest's 900 s.
 pytestmark = [pytest.mark.monitoring, pytest.mark.chart, pytest.mark.timeout(3600)]
@@ -37,9 +43,9 @@ pytestmark = [pytest.mark.monitoring, pytest.mark.chart, pytest.mark.timeout(360
 
 @pytest.fixture(scope="module")
 def tools() -> Tools:
-    # prometheus-k8s is not part of `make tools`: built on first use (cached by version). Its lock is the cluster
-    # phase's, so under `make test` this also waits for the background build of kube-apiserver and etcd (below).
-    return Tools(tool_env("all", "prometheus-k8s"))
+    # prometheus-k8s is not part of `make tools`: built on first use (cached by version), with kube-apiserver and etcd
+    # (cluster-a, below); under `make test` this waits for the background build of both.
+    return Tools(tool_env("all", "cluster-a", "prometheus-k8s"))
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +91,7 @@ class ApiServer:
              "--service-account-issuer", "https://kubernetes.default.svc",
              "--service-account-key-file", str(work / "sa.pub"),
              "--service-account-signing-key-file", str(work / "sa.key"),
-             "--service-cluster-ip-range", "198.19.0.0/16", "--endpoint-reconciler-type", "none",
+             "--service-cluster-ip-range", service_cidr(), "--endpoint-reconciler-type", "none",
              "--profiling=false"], stdout=self.log, stderr=subprocess.STDOUT))
         try:
             self._wait_ready(180)

@@ -42,8 +42,11 @@ def test_apt_sources_deb822_and_one_line(tmp_path):
 
 
 def test_images_sh_passes_this_machines_pip_index_as_build_args(tmp_path):
-    # images.sh without its last line (`main "$@"`) is a library of its functions.
-    lib = tmp_path / "images-lib.sh"
+    # images.sh without its last line (`main "$@"`) is a library of its functions. It sources
+    # hack/cluster/common.sh relative to itself, so the copy sits in a hack/ beside a link to the real one.
+    (tmp_path / "hack").mkdir()
+    (tmp_path / "hack" / "cluster").symlink_to(REPO / "hack" / "cluster")
+    lib = tmp_path / "hack" / "images-lib.sh"
     text = (REPO / "hack" / "images.sh").read_text()
     assert text.rstrip().endswith('main "$@"')
     lib.write_text(text.rstrip()[: -len('main "$@"')])

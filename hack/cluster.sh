@@ -423,9 +423,10 @@ up() {
   [[ "${level}" == a || "${level}" == b ]] || die "--level must be a or b, not '${level}'"
   [[ "$(id -u)" == 0 ]] || die "needs root: it creates the node bridge ${BRIDGE}${level/b/ and runs a kubelet}"
   command -v openssl >/dev/null || die "openssl is required"
-  # Level A needs only part a of the cluster binaries (make test's cold layout starts it while part b still builds).
-  local phase=cluster; [[ "${level}" == a ]] && phase=cluster-a
-  t=${SECONDS}; "${ROOT}/hack/tools.sh" all "${phase}"; log "tools ready in $((SECONDS - t))s"
+  # helm and part a of the cluster binaries for Level A, part b (the real node's) too for Level B: make test's cold
+  # layout starts Level A while part b builds, Level B while the PodMonitor tests' Prometheus and the GPU image do.
+  local phases=(helm cluster-a); [[ "${level}" == b ]] && phases+=(cluster-b)
+  t=${SECONDS}; "${ROOT}/hack/tools.sh" "${phases[@]}"; log "tools ready in $((SECONDS - t))s"
   mkdir -p "${CLUSTER_DIR}" "${LOGS}" "${PIDS}"
   t=${SECONDS}; bridge_up; pki; control_plane; log "control plane ready in $((SECONDS - t))s"
   t=${SECONDS}; kuberay; kueue; kwok_up; log "KubeRay operator + Kueue + kwok ready in $((SECONDS - t))s"

@@ -14,16 +14,17 @@
 #                  the pause image, the KubeRay operator binary, the Kueue manager, and prometheus-k8s (upstream
 #                  Prometheus + promtool with kubernetes_sd, to scrape the chart's PodMonitors)
 #   cluster-a      the part of `cluster` Level A needs (etcd, Kubernetes, kwok, the KubeRay operator, Kueue)
-#   cluster-b      the rest, what only Level B's real node and its tests need (CoreDNS, pause, prometheus-k8s)
+#   cluster-b      what Level B's real node adds (CoreDNS, the pause image)
+#   prometheus-k8s the rest of `cluster`, used only by the PodMonitor tests (tests/k8s/test_2b, tests/monitoring)
 #   env            print NAME=path lines for the tools (used by mk/k8s.mk, hack/*.sh and tests/chart)
 # Several targets may be given (`all cluster`); Go's caches are pruned once, after the last.
 # Idempotent: every item is built into a temporary folder and renamed into place when complete, and an item
 # whose final folder exists is not rebuilt, so a warm run only checks a handful of paths.
 # Concurrent runs (`make test`'s background build, hack/background.sh, and a test's `hack/cluster.sh up`, or two
-# shells) wait for each other: one lock per phase (`all`: the chart tools; `cluster` and `cluster-b`: the cluster
-# tier's binaries, parts a and b), so the chart tools are usable while the cluster binaries still build, Level A while
-# part b does, and Go's caches are pruned only when no other run
-# is using them.
+# shells) wait for each other: one lock per phase (`all`: the chart tools; `cluster`, `cluster-b` and
+# `prometheus-k8s`: the cluster tier's binaries in three parts), so the chart tools are usable while the cluster
+# binaries still build, Level A while part b does, Level B's node while Prometheus does, and Go's caches are pruned
+# only when no other run is using them.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -512,14 +513,18 @@ build_prometheus_k8s() {
   publish "${t}" "${PROMETHEUS_K8S_DIR}"
 }
 
-# The cluster phase in two parts, each under its own lock, so that Level A (a control plane with KWOK nodes) can start
-# while what only Level B's real node needs is still being built (make test's cold layout, Makefile TEST_LAYOUT):
-# cluster-a: etcd, Kubernetes, kwok, the KubeRay operator, Kueue; cluster-b: CoreDNS, the pause image, Prometheus.
-# The independent builds two at a time.
+# The cluster phase in three parts, each under its own lock, so that Level A (a control plane with KWOK nodes) can
+# start while what only Level B's real node needs is still being built (make test's cold layout, Makefile
+# TEST_LAYOUT), and Level B while the Prometheus only its PodMonitor test uses is: cluster-a: etcd, Kubernetes, kwok,
+# the KubeRay operator, Kueue; cluster-b: CoreDNS, the pause image; prometheus-k8s. The independent builds side by
+# side.
 cluster_a_tools() {
+  # kubeconform first (it converts the CRDs to schemas): the operator's and Kueue's fetches, side by side below, would
+  # each build it (seen: twice in one cold run).
   build_etcd & local p1=$!
   build_kwok & local p2=$!
-  wait "${p1}" && wait "${p2}" || exit 1
+  build_kubeconform & local p3=$!
+  wait "${p1}" && wait "${p2}" && wait "${p3}" || exit 1
   timed build_kubernetes
   build_kuberay_operator & p1=$!
   timed build_kueue & p2=$!
@@ -530,7 +535,6 @@ cluster_b_tools() {
   build_coredns & local p1=$!
   build_pause & local p2=$!
   wait "${p1}" && wait "${p2}" || exit 1
-  timed build_prometheus_k8s
 }
 
 print_env() {
@@ -631,10 +635,10 @@ run_target() {
     kwok) with_lock cluster build_kwok ;;
     coredns) with_lock cluster-b build_coredns ;;
     pause) with_lock cluster-b build_pause ;;
-    prometheus-k8s) with_lock cluster-b build_prometheus_k8s ;;
+    prometheus-k8s) with_lock prometheus-k8s timed build_prometheus_k8s ;;
     cluster-a) with_lock cluster timed cluster_a_tools ;;
     cluster-b) with_lock cluster-b timed cluster_b_tools ;;
-    cluster) run_target cluster-a && run_target cluster-b ;;
+    cluster) run_target cluster-a && run_target cluster-b && run_target prometheus-k8s ;;
     *) echo "usage: $0 [${TARGETS// /|}]... | env" >&2; exit 2 ;;
   esac
 }

@@ -18,11 +18,14 @@ MONITORING ?= 0
 # another, lowest CPU/IO priority) and goes straight on to pytest, whose Python-only suites run first (tests/conftest.py
 # SUITE_ORDER). Each suite that needs a product asks its script for it (hack/tools.sh X, hack/images.sh build X),
 # which waits for the background step on that script's lock and raises its priority, or builds it when that step failed.
-# In this order: the chart tools (quick), the cluster tier's binaries (only where that tier runs: CLUSTER_TIER from
-# mk/cluster.mk; on a cold machine the tier starts beside the Python suites once they exist, Makefile TEST_LAYOUT),
-# the images (the containers suite, late in the Python suites, and the tier's Level B).
-TEST_BACKGROUND = "hack/tools.sh all" $(if $(CLUSTER_TIER),"hack/tools.sh cluster") \
-  "$(IMAGES_SH) build cpu redis $(if $(filter 0,$(RLP_TEST_GPU_IMAGE)),,gpu)"
+# In the order the suites need them: the chart tools (quick; the unit suite uses helm); then, only where the cluster
+# tier runs (CLUSTER_TIER from mk/cluster.mk; on a cold machine the tier starts beside the Python suites, Makefile
+# TEST_LAYOUT), the binaries of Level A and of Level B's node (hack/tools.sh cluster-a cluster-b); the CPU and Redis
+# images (the containers suite, Level B); the Prometheus only the PodMonitor tests use; the GPU image (the containers
+# suite only) last.
+TEST_IMAGE_GPU = $(if $(filter 0,$(RLP_TEST_GPU_IMAGE)),,"$(IMAGES_SH) build gpu")
+TEST_BACKGROUND = "hack/tools.sh all" $(if $(CLUSTER_TIER),"hack/tools.sh cluster-a cluster-b") \
+  "$(IMAGES_SH) build cpu redis" $(if $(CLUSTER_TIER),"hack/tools.sh prometheus-k8s") $(TEST_IMAGE_GPU)
 TEST_PREREQS += test-background
 
 .PHONY: tools test-background kind-tool kuberay-operator-binary manifests test-chart lint-chart deploy-cluster undeploy
@@ -51,7 +54,8 @@ lint-chart: tools ## helm lint --strict the chart with every ci/*-values.yaml
 test-chart: venv tools ## Chart tests only: helm lint, helm-unittest, kubeconform, schema rejections, manifest drift
 	$(PY) -m pytest -m chart tests/chart $(PYTEST_ARGS)
 
-deploy-cluster: tools ## Cluster (CLUSTER=auto|local|kind, LEVEL=a|b for local) + KubeRay operator + images + the chart release
+deploy-cluster: ## Cluster (CLUSTER=auto|local|kind, LEVEL=a|b for local) + KubeRay operator + images + the chart release
+	@hack/tools.sh helm  # all it needs of `make tools` (the cluster tier's binaries: hack/cluster.sh up)
 	CLUSTER=$(CLUSTER) LEVEL=$(LEVEL) KIND_CLUSTER=$(KIND_CLUSTER) K8S_NAMESPACE=$(K8S_NAMESPACE) MONITORING=$(MONITORING) \
 	  hack/deploy-cluster.sh up
 

@@ -72,10 +72,11 @@ def k8s_session():
 
 def _wait_for_the_binaries(s: _Session, low: bool = False) -> None:
     t0 = time.monotonic()
-    # Beside the Python suites (low), only Level A's part: Level B's `make deploy-cluster` waits for the rest (and the
+    # Beside the Python suites (low), only Level A's part: Level B's `make deploy-cluster` waits for its part (and the
     # images), which the background run builds meanwhile.
     low_prio = [str(ROOT / "hack" / "background.sh"), "low"] if low else []
-    sh(*low_prio, str(ROOT / "hack" / "tools.sh"), "all", "cluster-a" if low else "cluster", timeout=3000)
+    targets = ("helm", "cluster-a") if low else ("all", "cluster")
+    sh(*low_prio, str(ROOT / "hack" / "tools.sh"), *targets, timeout=3000)
     s.figures["tools_wait_s"] = round(time.monotonic() - t0, 1)
 
 
@@ -86,9 +87,9 @@ def _local_cluster(s: _Session, level: str) -> Cluster:
     # layout (Makefile TEST_LAYOUT; also `pytest tests/k8s` run by hand) the tier waits for that build first
     # (hack/tools.sh raises its priority while it waits), so that no build runs while the host is photographed. In
     # the cold layout, beside the Python suites, the host is photographed at once, while the background run builds
-    # only binaries (the images come after them, and a Docker build's containers touch the host), and the wait leaves
-    # the build niced (hack/background.sh low): a raised build takes the Python suites' CPU
-    # (bench/results/make_test_cold.json).
+    # only binaries (the images come after them; hack/images.sh holds the photograph's lock, docker_containers_lock,
+    # while it builds: a Docker build's containers touch the host), and the wait leaves the build niced
+    # (hack/background.sh low): a raised build takes the Python suites' CPU (bench/results/make_test_cold.json).
     cold = os.environ.get("RLP_TEST_LAYOUT") == "cold"
     if s.before is None and not cold:
         _wait_for_the_binaries(s)

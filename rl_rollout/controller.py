@@ -282,14 +282,16 @@ def apply_and_baseline(ctx: Context, st: RolloutState, marker: Any, first: bool 
 
 
 def lagging(st: RolloutState, snap: Snapshot) -> str | None:
-    """Why `snap` does not yet show this rollout's versions, or None. A source that names the checkpoint each
-    version serves (both do) and names another one is behind the server: Prometheus sees a change a report and a
-    scrape interval after the server made it, and a baseline taken before would hold the previous candidate's
-    figures (its return sum: the window's returns would be the new candidate's minus the old one's)."""
+    """Why `snap` does not yet show this rollout's versions, or None. Both sources name the checkpoint each version
+    serves; one that names another, or none for a version the rollout applied, is behind the server: Prometheus
+    sees a change a report and a scrape interval after the server made it (CI took a baseline 1.5 s after the
+    start, when Prometheus still showed the previous candidate gone and not yet this one)."""
     for role, want in (("candidate", st.candidate_checkpoint_id), ("champion", st.champion_checkpoint_id)):
         fig = getattr(snap, role)
         have = fig.checkpoint_id if fig is not None else None
-        if want and have and have != want:
+        if want and not have:
+            return f"the figures from {snap.source} do not show {role} {want} yet"
+        if want and have != want:
             return f"the figures from {snap.source} still show {role} {have}, not {want}"
     return None
 
@@ -468,16 +470,19 @@ def _drive(ctx: Context, st: RolloutState) -> int:
             snap = ctx.source.fetch()
         except FiguresUnavailable as e:
             unavailable = str(e)
-        if snap is not None and snap.candidate is None and ctx.server is not None:
+        lag = lagging(st, snap) if snap is not None else None
+        # No candidate in the figures, or not this one yet: the server says whether it failed to load.
+        if snap is not None and (snap.candidate is None or lag) and ctx.server is not None:
             try:
                 err = _load_error(ctx.server.info(st.policy), st.candidate)
             except (FiguresUnavailable, LookupError) as e:
                 err, unavailable = None, str(e)
             if err:
                 return finish(ctx, st, ROLLED_BACK, f"candidate failed to load: {err}", EXIT_ROLLED_BACK)
-            unavailable = unavailable or "the server reports no candidate for this policy"
+            if snap.candidate is None:
+                unavailable = unavailable or "the server reports no candidate for this policy"
         if snap is not None and unavailable is None:
-            unavailable = lagging(st, snap)
+            unavailable = lag
         step_w = roll_w = None
         if snap is not None and unavailable is None:
             if not st.baseline.get("rollout") or not st.baseline.get("step"):

@@ -111,10 +111,10 @@ class ServerMetrics:
             boundaries=LATENCY_BOUNDARIES_MS, tag_keys=pv)
         self.episodes = m.Counter(NAMES["episodes"], "Episodes ended by feedback (done=true) per version.",
                                   tag_keys=pv)
-        self.return_sum = KeptGauge(NAMES["return_sum"], "Sum of ended episodes' returns per version, since the "
-                                    "version loaded in this replica.", tag_keys=pv)
-        self.return_sq_sum = KeptGauge(NAMES["return_sq_sum"], "Sum of squared episode returns per version, since "
-                                       "the version loaded in this replica.", tag_keys=pv)
+        self.return_sum = KeptGauge(NAMES["return_sum"], "Sum of ended episodes' returns per version in this "
+                                    "replica, across loads like the episodes counter.", tag_keys=pv)
+        self.return_sq_sum = KeptGauge(NAMES["return_sq_sum"], "Sum of squared episode returns per version in "
+                                       "this replica, across loads like the episodes counter.", tag_keys=pv)
         self.version_weight = KeptGauge(NAMES["version_weight"], "Configured traffic share per version (champion "
                                         "1-w, candidate w; shadow: champion 1).", tag_keys=pv)
         self.version_info = KeptGauge(NAMES["version_info"], "1 for the checkpoint a version serves now, 0 before.",
@@ -134,10 +134,12 @@ class ServerMetrics:
         self._lat_tags: dict[tuple[str, str], dict[str, str]] = {}
         self._pol_tags: dict[str, dict[str, str]] = {}
         self._pv_tags: dict[tuple[str, str], dict[str, str]] = {}
-        # (policy, version)s whose episode counter has a series: Ray exports a counter from its first increment only,
-        # so the return gauges must not start earlier either, or the canary rules' increase() of the counter misses the
-        # episodes of its first export while delta() of the gauges counts them (means read ~12 % high in a live run).
-        self._episodes_exported: set[tuple[str, str]] = set()
+        # (policy, version) -> [return sum, sum of squares], running across loads like the episodes counter (a reset
+        # at load made a baseline scraped before the reload hold the previous candidate's sum: CI saw a window mean of
+        # -271). Set only by `episode`: Ray exports a counter from its first increment only, so the return gauges
+        # must not start earlier either, or the canary rules' increase() of the counter misses the episodes of its
+        # first export while delta() of the gauges counts them (means read ~12 % high in a live run).
+        self._returns: dict[tuple[str, str], list[float]] = {}
         self._pvr_tags: dict[tuple[str, str, str], dict[str, str]] = {}
         self._out_tags: dict[tuple[str, str], dict[str, str]] = {}
 
@@ -208,25 +210,24 @@ class ServerMetrics:
         if latency_ms is not None:
             self.version_latency.observe(latency_ms, self.pv_tags(policy, version))
 
-    def episode(self, policy: str, version: str, return_sum: float, return_sq_sum: float) -> None:
+    def episode(self, policy: str, version: str, ret: float) -> None:
+        """An episode of `version` ended with return `ret`: the episodes counter and the version's running return
+        sums move together, so any one scrape's (episodes, return_sum) pair is consistent with any other's."""
         tags = self.pv_tags(policy, version)
+        sums = self._returns.setdefault((policy, version), [0.0, 0.0])
+        sums[0] += ret
+        sums[1] += ret * ret
         self.episodes.inc(1.0, tags)
-        self._episodes_exported.add((policy, version))
-        self.return_sum.set(return_sum, tags)
-        self.return_sq_sum.set(return_sq_sum, tags)
+        self.return_sum.set(sums[0], tags)
+        self.return_sq_sum.set(sums[1], tags)
 
     def version_loaded(self, policy: str, version: str, checkpoint_id: str, mode: str | None,
-                       previous: tuple[str, str | None] | None, weight: float, return_sum: float = 0.0,
-                       return_sq_sum: float = 0.0) -> None:
-        """A version (role) serves `checkpoint_id` in `mode` now; `previous` (checkpoint_id, mode) it served before."""
+                       previous: tuple[str, str | None] | None, weight: float) -> None:
+        """A version (role) serves `checkpoint_id` in `mode` now; `previous` (checkpoint_id, mode) it served before.
+        The role's episode counter and return sums run on across loads (a window's figures are differences)."""
         now = {"policy": policy, "version": version, "checkpoint_id": checkpoint_id, "mode": mode or "-"}
-        tags = self.pv_tags(policy, version)
-        # The version's figures first, its info last: a report that shows the new checkpoint_id shows its sums too
-        # (rl-rollout's Prometheus source waits for the info before it takes a baseline).
-        self.version_weight.set(weight, tags)
-        if (policy, version) in self._episodes_exported:  # else the first episode creates both series together
-            self.return_sum.set(return_sum, tags)
-            self.return_sq_sum.set(return_sq_sum, tags)
+        # The weight first, the info last: a report that shows the new checkpoint_id shows its weight too.
+        self.version_weight.set(weight, self.pv_tags(policy, version))
         if previous is not None and (previous[0], previous[1] or "-") != (checkpoint_id, mode or "-"):
             self.version_info.set(0, {**now, "checkpoint_id": previous[0], "mode": previous[1] or "-"})
         self.version_info.set(1, now)

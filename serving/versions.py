@@ -517,11 +517,10 @@ class PolicyVersions:
         champ, cand = self.champion, self.candidate
         prev = (old_champ.pol.checkpoint_id, None) if old_champ else None
         m.version_loaded(self.name, CHAMPION, champ.pol.checkpoint_id, None, prev,
-                         spec.role_weight(CHAMPION) if spec else 1.0, champ.stats.return_sum, champ.stats.return_sq_sum)
+                         spec.role_weight(CHAMPION) if spec else 1.0)
         if cand is not None:
             prev = (old_cand.pol.checkpoint_id, old_spec.mode) if old_cand and old_spec else None
-            m.version_loaded(self.name, CANDIDATE, cand.pol.checkpoint_id, spec.mode, prev, spec.weight,
-                             cand.stats.return_sum, cand.stats.return_sq_sum)
+            m.version_loaded(self.name, CANDIDATE, cand.pol.checkpoint_id, spec.mode, prev, spec.weight)
         elif old_cand is not None and old_spec is not None:
             m.version_gone(self.name, CANDIDATE, old_cand.pol.checkpoint_id, old_spec.mode)
         self._set_session_gauges()
@@ -746,7 +745,7 @@ class PolicyVersions:
                 st.episodes += 1
                 st.return_sum += s.ret
                 st.return_sq_sum += s.ret * s.ret
-                self.metrics.episode(self.name, s.role, st.return_sum, st.return_sq_sum)
+                self.metrics.episode(self.name, s.role, s.ret)
                 self.end_session(sid)
                 ended += 1
             else:

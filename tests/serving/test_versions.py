@@ -208,6 +208,7 @@ def test_feedback_credits_episode_returns_to_the_version_that_acted(srv, cartpol
             by_role[role].append(sid)
         i += 1
     before = stats(srv)["versions"]
+    m_before = {role: _return_metric(srv, role) or 0.0 for role in by_role}  # no episode ended earlier in the module
     for role, sids in by_role.items():
         for sid in sids:
             assert act(srv, [0.0, 0.0, 0.0, 0.0], sid)["version"] == role
@@ -230,8 +231,8 @@ def test_feedback_credits_episode_returns_to_the_version_that_acted(srv, cartpol
     assert d["champion"] == {"episodes": 2, "return_sum": 5.0, "return_sq_sum": 3.5 ** 2 + 1.5 ** 2}, d
     assert d["candidate"] == {"episodes": 2, "return_sum": 13.0, "return_sq_sum": 9.0 ** 2 + 4.0 ** 2}, d
     # The same figures on Ray's metrics port (Prometheus sums replicas from these).
-    wait_for(lambda: _return_metric(srv, "candidate") == after["candidate"]["return_sum"]
-             and _return_metric(srv, "champion") == after["champion"]["return_sum"]
+    wait_for(lambda: _return_metric(srv, "candidate") == m_before["candidate"] + 13.0
+             and _return_metric(srv, "champion") == m_before["champion"] + 5.0
              and _episodes_metric(srv, "candidate") >= 2 and _episodes_metric(srv, "champion") >= 2, 90,
              "episode metrics per version", interval=1)
     ok = metric_samples(scrape(srv.metrics_url), "ray_rl_serve_feedback_total", policy="default", result="ok")
@@ -261,6 +262,19 @@ def test_feedback_credits_episode_returns_to_the_version_that_acted(srv, cartpol
     act(srv, [0.0, 0.0, 0.0, 0.0], gone)
     assert requests.delete(srv.base + f"/v1/policies/default/sessions/{gone}", timeout=10).json()["ended"] is True
     assert feedback(srv, {"session_id": gone, "reward": 1.0}).status_code == 409
+
+    # A reload starts a version's /stats figures again; its return sums on the metrics port run on, like its episodes
+    # counter, so a window's delta over a reload is still its episodes' returns (rl-rollout's Prometheus source, the
+    # canary rules; CI saw a baseline scraped before a reload make a window's mean -271).
+    total = m_before["candidate"] + 13.0 + (1.0 if role == "candidate" else 0.0)
+    wait_for(lambda: _return_metric(srv, "candidate") == total, 90, "the live session's return", interval=1)
+    apply(srv, spec(cartpole_v2_checkpoint, cartpole_checkpoint, 0.5))
+    new_id = checkpoint_id(cartpole_checkpoint)
+    wait_for(lambda: [v for _, v in metric_samples(scrape(srv.metrics_url), "ray_rl_serve_version_info",
+                                                   policy="default", version="candidate", checkpoint_id=new_id)] == [1.0],
+             90, "the reloaded candidate on the metrics port", interval=1)
+    assert stats(srv)["versions"]["candidate"]["return_sum"] == 0.0
+    assert _return_metric(srv, "candidate") == total, "the candidate's return sum was reset by the reload"
 
 
 FEEDBACK_ERRORS = [

@@ -200,7 +200,7 @@ class RayHead:
     """`ray start --head --block` on 127.0.0.1 with every port from free_ports, in its own process group (stopped
     by signalling that group: never `ray stop`, which would stop every Ray on the machine)."""
 
-    def __init__(self, temp_dir: str, env: dict[str, str]):
+    def __init__(self, temp_dir: str, env: dict[str, str], num_cpus: int = 3):
         (self.gcs, self.metrics_port, self.dashboard_port, agent, agent_grpc, runtime_env, client, node_manager,
          object_manager) = free_ports(9)
         self.address = f"127.0.0.1:{self.gcs}"
@@ -212,7 +212,7 @@ class RayHead:
                f"--dashboard-port={self.dashboard_port}", f"--dashboard-agent-listen-port={agent}",
                f"--dashboard-agent-grpc-port={agent_grpc}", f"--runtime-env-agent-port={runtime_env}",
                f"--ray-client-server-port={client}", f"--node-manager-port={node_manager}",
-               f"--object-manager-port={object_manager}", "--num-cpus=3", "--disable-usage-stats"]
+               f"--object-manager-port={object_manager}", f"--num-cpus={num_cpus}", "--disable-usage-stats"]
         self.proc = subprocess.Popen(cmd, env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
 
     def wait_metrics(self, name: str, timeout_s: float) -> None:
@@ -228,6 +228,13 @@ class RayHead:
                 pass
             time.sleep(0.5)
         raise AssertionError(f"{name} not on Ray's metrics port after {timeout_s}s")
+
+    def assert_alive(self) -> None:
+        """The head still runs; else its `ray start` output names which of its processes exited."""
+        if self.proc.poll() is not None:
+            self.log.flush()
+            tail = Path(self.log.name).read_text(errors="replace")[-3000:]
+            raise AssertionError(f"ray start --head exited {self.proc.returncode}:\n{tail}")
 
     def stop(self) -> None:
         for sig, wait in ((signal.SIGTERM, 20), (signal.SIGKILL, 10)):

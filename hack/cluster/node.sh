@@ -233,10 +233,16 @@ record_host_state() { # once, before the first change: `down` restores from it
         done
       done
     done
+    if command -v nft >/dev/null; then
+      for t in ip ip6; do nft_base_chains "${t}" | while read -r p c k; do echo "nft-chain-existed ${t} ${p} ${c}"; done; done
+    fi
   } >"${tmp}"
   mv "${tmp}" "${HOST_STATE}"
 }
 state_has() { [[ -f "${HOST_STATE}" ]] && grep -qxF "$*" "${HOST_STATE}"; }
+nft_base_chains() { # nft_base_chains FAMILY: "table chain policy" of each chain with a hook
+  nft list chains "$1" 2>/dev/null | awk '/^table /{t=$3} /^[[:space:]]+chain /{c=$2} /hook/{p=$NF; sub(/;$/, "", p); print t, c, p}'
+}
 
 restore_host_state() {
   if [[ ! -f "${HOST_STATE}" ]]; then
@@ -883,6 +889,17 @@ cleanup_iptables() { # cleanup_iptables BIN: remove KUBE-*, CNI-* (not there bef
   # iptables-nft: tables that kube-proxy/kubelet created (absent before up) and that are empty now
   [[ -f "${HOST_STATE}" ]] && command -v nft >/dev/null && "${bin}" -V 2>/dev/null | grep -q nf_tables || return 0
   local fam=ip; [[ "${bin}" == ip6tables ]] && fam=ip6
+  # base chains that kube-proxy/kubelet added to a table that existed before up (Docker's filter table gets INPUT and
+  # OUTPUT on a new machine): iptables-nft creates one on first use and never removes it (and iptables-save lists
+  # every built-in chain whether it exists or not: nft says which do); empty and accepting, it is as if absent
+  local p
+  while read -r t c p; do
+    state_has "nft-chain-existed ${fam} ${t} ${c}" && continue
+    [[ "${p}" == accept ]] || continue
+    nft list chain "${fam}" "${t}" "${c}" 2>/dev/null | grep -v -E '^[[:space:]]*(table |chain |type |}|$)' | grep -q . \
+      && continue
+    nft delete chain "${fam}" "${t}" "${c}" 2>/dev/null || log "WARNING: nft delete chain ${fam} ${t} ${c} failed"
+  done < <(nft_base_chains "${fam}")
   for t in $("${bin}-save" 2>/dev/null | sed -n 's/^\*//p'); do
     state_has "table-existed ${bin} ${t}" && continue
     # empty: only the built-in chains (":NAME POLICY"), no rules, no chains of its own ("- [0:0]")

@@ -29,6 +29,11 @@ VOLATILE_SYSCTL = re.compile(r"^(fs\.(dentry-state|file-nr|inode-nr|inode-state|
 WATCHED_DIRS = ("/etc", "/var/lib", "/var/log", "/opt", "/usr/libexec", "/run", "/var/run")
 # Docker's own runtime files (another test may start the engine meanwhile); not ours to compare.
 DOCKER_RUN = re.compile(r"^/(var/)?run/(docker(\.pid|\.sock)?|containerd)$")
+# Not the cluster's either: util-linux's own /run/mount (libmount's utab, made by the first mount on a new machine:
+# debootstrap's in hack/images.sh, or node.sh's, and never removed), and the mounts of Docker's runtime (its default
+# netns appears when the engine first starts: on a new machine's cold run, between the tier's photographs).
+NOT_OURS_DIRS = re.compile(r"^/run/mount$")
+DOCKER_MOUNT = re.compile(r"^\S+ /(var/)?run/docker/")
 # Docker's bridge: its IPv6 link-local address and routes appear when its first container ever starts (on a new
 # machine's cold run, the containers suite's, between the tier's photographs); Docker's doing, not the cluster's.
 DOCKER_BRIDGE = re.compile(r"(^|\s)docker0([:@\s]|$)")
@@ -171,7 +176,7 @@ def _first_level() -> list[str]:
     for d in WATCHED_DIRS:
         p = Path(d)
         if p.is_dir() and not p.is_symlink():
-            out += [str(e) for e in p.iterdir() if not DOCKER_RUN.match(str(e))]
+            out += [str(e) for e in p.iterdir() if not DOCKER_RUN.match(str(e)) and not NOT_OURS_DIRS.match(str(e))]
     return sorted(out)
 
 
@@ -206,7 +211,8 @@ def snapshot() -> dict[str, list[str]]:
         "rules": sorted(f"ipv{v} {line}" for v in "46" for line in _out("ip", f"-{v}", "rule").splitlines()),
         "iptables": _iptables(),
         "nft": _nft(),
-        "mounts": sorted(" ".join(line.split()[:3]) for line in Path("/proc/mounts").read_text().splitlines()),
+        "mounts": sorted(m for m in (" ".join(line.split()[:3]) for line in Path("/proc/mounts").read_text().splitlines())
+                         if not DOCKER_MOUNT.match(m)),
         "netns": sorted(os.listdir("/run/netns")) if os.path.isdir("/run/netns") else [],
         "sysctls": sysctls,
         "paths": [p for p in m["path"] + state_dirs if os.path.exists(p)],

@@ -210,7 +210,7 @@ ensure_packages() {
 # ------------------------------------------------------------------------------------------------------- host state
 record_host_state() { # once, before the first change: `down` restores from it
   [[ -f "${HOST_STATE}" ]] && return 0
-  local tmp="${HOST_STATE}.tmp" k v p bin t c
+  local tmp="${HOST_STATE}.tmp" k v p bin t c fam
   mkdir -p "${CLUSTER_DIR}"
   {
     echo "# node.sh host state before \`up\` ($(date -u +%FT%TZ)); \`node.sh down\` restores it, then removes this file"
@@ -234,7 +234,9 @@ record_host_state() { # once, before the first change: `down` restores from it
       done
     done
     if command -v nft >/dev/null; then
-      for t in ip ip6; do nft_base_chains "${t}" | while read -r p c k; do echo "nft-chain-existed ${t} ${p} ${c}"; done; done
+      for fam in ip ip6; do
+        nft_base_chains "${fam}" | while read -r t c _; do echo "nft-chain-existed ${fam} ${t} ${c}"; done
+      done
     fi
   } >"${tmp}"
   mv "${tmp}" "${HOST_STATE}"

@@ -27,12 +27,12 @@ VOLATILE_SYSCTL = re.compile(r"^(fs\.(dentry-state|file-nr|inode-nr|inode-state|
                              r"random\.|pty\.nr|perf_event_max_sample_rate)|net\.netfilter\.nf_conntrack_count)")
 # Folders whose first level shows a file or folder a kubelet, containerd or CNI plugin would add outside the list.
 WATCHED_DIRS = ("/etc", "/var/lib", "/var/log", "/opt", "/usr/libexec", "/run", "/var/run")
-# Docker's own runtime files (another test may start the engine meanwhile); not ours to compare.
-DOCKER_RUN = re.compile(r"^/(var/)?run/(docker(\.pid|\.sock)?|containerd)$")
-# Not the cluster's either: util-linux's own /run/mount (libmount's utab, made by the first mount on a new machine:
-# debootstrap's in hack/images.sh, or node.sh's, and never removed), and the mounts of Docker's runtime (its default
-# netns appears when the engine first starts: on a new machine's cold run, between the tier's photographs).
-NOT_OURS_DIRS = re.compile(r"^/run/mount$")
+# Runtime folders that are not the cluster's to compare: Docker's own (another test may start the engine meanwhile)
+# and util-linux's /run/mount (libmount's utab, made by the first mount on a new machine: debootstrap's in
+# hack/images.sh, or node.sh's, and never removed).
+NOT_OURS_RUN = re.compile(r"^/(var/)?run/(docker(\.pid|\.sock)?|containerd|mount)$")
+# The mounts of Docker's runtime (its default netns appears when the engine first starts: on a new machine's cold
+# run, between the tier's photographs).
 DOCKER_MOUNT = re.compile(r"^\S+ /(var/)?run/docker/")
 # Docker's bridge: its IPv6 link-local address and routes appear when its first container ever starts (on a new
 # machine's cold run, the containers suite's, between the tier's photographs); Docker's doing, not the cluster's.
@@ -176,7 +176,7 @@ def _first_level() -> list[str]:
     for d in WATCHED_DIRS:
         p = Path(d)
         if p.is_dir() and not p.is_symlink():
-            out += [str(e) for e in p.iterdir() if not DOCKER_RUN.match(str(e)) and not NOT_OURS_DIRS.match(str(e))]
+            out += [str(e) for e in p.iterdir() if not NOT_OURS_RUN.match(str(e))]
     return sorted(out)
 
 
